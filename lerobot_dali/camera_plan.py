@@ -62,10 +62,16 @@ def route_for_survey(
 @dataclass(kw_only=True, eq=False)
 class CameraRouter:
     """Each video camera's route, from its files surveyed through the stores an iterator keeps (built here, from the
-    reader): the part of :class:`CameraPlanner` that ``diagnose`` shares, so the route it shows is the iterator's."""
+    reader), and the iterator's build-time checks of it (its first rows find their frames, the workers' decoder loads):
+    the part of :class:`CameraPlanner` that ``diagnose`` shares, so the route it shows, and a refusal, are the
+    iterator's."""
 
     reader: LeRobotDatasetReader
     device_id: int | None  # None: the CPU
+    #: How rows find their frames and how close they must be (the iterator's options): :meth:`check_rows_find_frames`.
+    timestamp_source: TimestampSource
+    tolerance_s: float
+    cpu_decode: CpuDecodeOptions  # the workers' decoder: :meth:`check_backend`
     #: Every video file's packet index, kept on disk (a local one's too, keyed by its stat): a dataset of thousands
     #: of video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
     #: 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
@@ -143,6 +149,43 @@ class CameraRouter:
         """Episode ``pos``'s video of ``camera`` and its packet index."""
         return load_episode_packet_index(self.reader, pos, camera, store=self.index_store)
 
+    def check_rows_find_frames(
+        self, pos: int, indexes: Mapping[str, PacketIndex], *, rows: Mapping[str, np.ndarray] | None = None
+    ) -> None:
+        """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
+        the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
+        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read) must find their
+        frames in every camera's file."""
+        if not indexes:
+            return
+        if rows is None:
+            rows = self.reader.read_episode(pos, [])
+        ends = np.array([0, len(rows["timestamp"]) - 1])
+        for camera, index in indexes.items():
+            row_frame_numbers(
+                self.reader, pos, camera, rows, ends, index,
+                timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s,
+            )  # fmt: skip
+
+    def check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
+        """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
+        decode a camera: before, the iterator was built and the first batch failed. Depth cameras are left out: PyAV
+        decodes their 12-bit codes whatever the backend."""
+        workers = [
+            camera
+            for camera, route in routes.items()
+            if route is DecodeRoute.CPU_FALLBACK and camera not in self.depth_quantizers
+        ]
+        if self.cpu_decode.backend is not CpuDecoderBackend.TORCHCODEC or not workers:
+            return
+        why_not = torchcodec_unavailable()
+        if why_not is not None:
+            raise CodecUnsupportedError(
+                f"cpu_decode=CpuDecodeOptions(backend=torchcodec) for cameras {workers}, which the workers decode, but "
+                f"{why_not}: use CpuDecoderBackend.PYAV or AUTO (torchcodec where it decodes, else PyAV), or make "
+                "torchcodec load"
+            )
+
 
 @dataclass(kw_only=True, eq=False)
 class CameraPlanner(CameraRouter):
@@ -153,10 +196,7 @@ class CameraPlanner(CameraRouter):
 
     depth_cameras: Collection[str]  # the depth video cameras and the depth image cameras
     depth_unit: DepthUnit
-    timestamp_source: TimestampSource
-    tolerance_s: float
     image_size: tuple[int, int] | None
-    cpu_decode: CpuDecodeOptions
     augment: AugmentConfig | None
     num_workers: int
     camera_formats: dict[str, CameraFormat] = field(init=False, repr=False)
@@ -167,7 +207,7 @@ class CameraPlanner(CameraRouter):
     ) -> dict[str, DecodeRoute]:
         """A route per video camera (:meth:`~CameraRouter.route`, a union's other datasets' first files read at once
         for every camera); the first episode's first and last rows (``first_rows``, where already read) are looked up
-        in its file too (:meth:`_check_rows_find_frames`), and that file's format kept as the camera's
+        in its file too (:meth:`check_rows_find_frames`), and that file's format kept as the camera's
         (``camera_formats``, which the workers hold every other file to). A union's other datasets' first episodes
         are held to them now too, rather than when a batch first reaches them."""
         routes = {}
@@ -192,33 +232,14 @@ class CameraPlanner(CameraRouter):
 
         def check_first(pos: int) -> None:
             if pos:
-                self._check_rows_find_frames(pos, held[pos])
+                self.check_rows_find_frames(pos, held[pos])
             else:
-                self._check_rows_find_frames(pos, indexes, rows=first_rows)
+                self.check_rows_find_frames(pos, indexes, rows=first_rows)
 
         in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
-        self._check_backend(routes)
+        self.check_backend(routes)
         return routes
-
-    def _check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
-        """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
-        decode a camera: before, the iterator was built and the first batch failed. Depth cameras are left out: PyAV
-        decodes their 12-bit codes whatever the backend."""
-        workers = [
-            camera
-            for camera, route in routes.items()
-            if route is DecodeRoute.CPU_FALLBACK and camera not in self.depth_quantizers
-        ]
-        if self.cpu_decode.backend is not CpuDecoderBackend.TORCHCODEC or not workers:
-            return
-        why_not = torchcodec_unavailable()
-        if why_not is not None:
-            raise CodecUnsupportedError(
-                f"cpu_decode=CpuDecodeOptions(backend=torchcodec) for cameras {workers}, which the workers decode, but "
-                f"{why_not}: use CpuDecoderBackend.PYAV or AUTO (torchcodec where it decodes, else PyAV), or make "
-                "torchcodec load"
-            )
 
     def _held_to_formats(self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]]) -> dict[str, PacketIndex]:
         """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""
@@ -227,24 +248,6 @@ class CameraPlanner(CameraRouter):
             video, index = files[camera]
             expected.check(index, path=video.path, episode=episode, camera=camera)
         return {camera: index for camera, (_, index) in files.items()}
-
-    def _check_rows_find_frames(
-        self, pos: int, indexes: Mapping[str, PacketIndex], *, rows: Mapping[str, np.ndarray] | None = None
-    ) -> None:
-        """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
-        the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
-        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read) must find their
-        frames in every camera's file."""
-        if not indexes:
-            return
-        if rows is None:
-            rows = self.reader.read_episode(pos, [])
-        ends = np.array([0, len(rows["timestamp"]) - 1])
-        for camera, index in indexes.items():
-            row_frame_numbers(
-                self.reader, pos, camera, rows, ends, index,
-                timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s,
-            )  # fmt: skip
 
     def plan_feeds(self, routes: Mapping[str, DecodeRoute]) -> dict[str, CameraFeed]:
         on_gpu = self.device_id is not None

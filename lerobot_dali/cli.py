@@ -37,8 +37,8 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (
         1,
         "done, and the dataset has problems, each listed (check's problems, info's cameras whose first video does not "
-        "open, diagnose's failed decodes, bench's failed loaders): a file this user may not read is listed as a "
-        "damaged one is, however many there are",
+        "open, diagnose's failed decodes and cameras the iterator refuses, bench's failed loaders): a file this user "
+        "may not read is listed as a damaged one is, however many there are",
     ),
     (
         2,
@@ -463,6 +463,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.dataset is None and (args.cameras or args.revision):
         taken = f" before --cameras (--cameras took {' '.join(map(repr, args.cameras))})" if args.cameras else ""
         raise _CommandError(f"--cameras and --revision need a DATASET; give DATASET{taken}")
+    _check_tolerance(args.tolerance_s)
     machine = diagnose_machine()
     print(f"DALI {machine.dali_version or 'not installed'}")
     if machine.cuda_available:
@@ -477,13 +478,17 @@ def _diagnose(args: argparse.Namespace) -> int:
         return 0
     reader = _open_dataset(args)
     failed = False
-    for report in diagnose_dataset(reader, machine=machine):
+    options = {"timestamp_source": args.timestamp_source, "tolerance_s": args.tolerance_s}
+    for report in diagnose_dataset(reader, machine=machine, **options):
         failed |= not report.ok
         if report.error is not None:
             print(f"camera {report.camera}: FAILED {report.error}")
             continue
         size = "{}x{} (HxW)".format(*report.resolution) if report.resolution else "size unknown"
         print(f"camera {report.camera}: codec {report.codec} {size} -> route {report.route}")
+        if report.refused is not None:
+            said = ", ".join(f"{name}={value!r}" for name, value in options.items())
+            print(f"  the iterator REFUSES it ({said}): {report.refused}")
         for route, (ok, seconds, detail) in report.decodes.items():
             print(f"  {route:<13} {'ok' if ok else 'FAILED'} {seconds * 1000:8.1f} ms  {detail}")
     return 1 if failed else 0
@@ -605,6 +610,15 @@ def _parser() -> argparse.ArgumentParser:
     diagnose.add_argument(
         "--cameras", nargs="+", metavar="KEY",
         help="with DATASET: only these camera keys (give DATASET first: --cameras takes every word after it)",
+    )  # fmt: skip
+    diagnose.add_argument(
+        "--timestamp-source", type=str.lower, choices=[s.value for s in TimestampSource],
+        default=TimestampSource.PARQUET_TIMESTAMP.value,
+        help="with DATASET: how rows find their frames, as the iterator will (default parquet_timestamp)",
+    )  # fmt: skip
+    diagnose.add_argument(
+        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
+        help=f"with DATASET: max |frame pts - row time|, as the iterator will (default {DEFAULT_TOLERANCE_S:g})",
     )  # fmt: skip
     diagnose.set_defaults(run=_diagnose)
 

@@ -1,7 +1,9 @@
 """``lerobot-dali diagnose``: what this machine can decode, which route each camera takes, and proof.
 
 Routing failures are the most common surprise on a new cluster (AV1 datasets on H100s decode on the CPU),
-so the report decodes one real frame per camera by every route available here and says how the routes agree.
+so the report decodes one real frame per camera by every route available here and says how the routes agree. It
+also runs the iterator's own build-time checks of each camera (the first episode's first and last rows find their frames
+in its file, the workers' decoder loads), so a camera the iterator would refuse with these options says so, and why.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from .batch_shapes import first_episode_rows
 from .camera_plan import CameraRouter
 from .clips import Clip, build_clip
 from .cpu_decode import CpuFrameDecoder, cpu_decoders
+from .cpu_decode_options import CpuDecodeOptions, checked_cpu_decode
 from .dali_video import DALI_CPU_CODECS, decode_clip_batch
 from .dataset_reader import LeRobotDatasetReader
 from .decode_route import DecodePreference, DecodeRoute, nvcuvid_library
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource, TimestampSourceName
 from .image_frames import decode_depth_images, decode_images
+from .value_checks import check_choice, check_seconds
 
 __all__ = ["CameraReport", "MachineReport", "diagnose_dataset", "diagnose_machine"]
 
@@ -51,10 +57,14 @@ class CameraReport:
     decodes: dict[str, tuple[bool, float, str]] = field(default_factory=dict)
     #: Why the first video could not be opened, indexed or routed; no decode was tried then.
     error: str | None = None
+    #: Why building the iterator with the options diagnosed fails for this camera, its error as the build raises it
+    #: (e.g. the first episode's last row finds no frame within ``tolerance_s``: the message says which option reads
+    #: it); None where the build's checks of the camera pass. Its decodes are still tried.
+    refused: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.error is None and all(ok for ok, _, _ in self.decodes.values())
+        return self.error is None and self.refused is None and all(ok for ok, _, _ in self.decodes.values())
 
 
 def diagnose_machine() -> MachineReport:
@@ -74,14 +84,30 @@ def diagnose_machine() -> MachineReport:
     return MachineReport(cuda, name, capability, nvcuvid_library(), dali_version, cpu_decoders())
 
 
-def diagnose_dataset(reader: LeRobotDatasetReader, *, machine: MachineReport) -> list[CameraReport]:
-    """Route and decode frame 0 of the first episode for every camera, by every route available.
+def diagnose_dataset(
+    reader: LeRobotDatasetReader,
+    *,
+    machine: MachineReport,
+    timestamp_source: TimestampSource | TimestampSourceName = TimestampSource.PARQUET_TIMESTAMP,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    cpu_decode: CpuDecodeOptions | None = None,
+) -> list[CameraReport]:
+    """Route and decode frame 0 of the first episode for every camera, by every route available, and check each
+    video camera as :class:`~lerobot_dali.DALILeRobotIterator` checks it when built with these options (its
+    defaults by default): a camera it would refuse gets ``refused``, the build's own error.
 
     A diagnosis reports every failure instead of stopping at the first: a camera whose video cannot be read
     gets its ``error`` (or a failed decode) and the next camera is still diagnosed. Image cameras (images in the
     data files) decode their first image as the workers do."""
-    router = CameraRouter(reader=reader, device_id=0 if machine.cuda_available else None)  # (the iterator's default)
-    videos = [_diagnose_camera(router, camera) for camera in reader.camera_keys]
+    router = CameraRouter(
+        reader=reader,
+        device_id=0 if machine.cuda_available else None,  # (the iterator's default)
+        timestamp_source=check_choice(TimestampSource, "timestamp_source", timestamp_source),
+        tolerance_s=check_seconds("tolerance_s", tolerance_s),
+        cpu_decode=checked_cpu_decode(cpu_decode),
+    )
+    rows = first_episode_rows(reader) if reader.camera_keys else None  # (as the iterator reads them, once)
+    videos = [_diagnose_camera(router, camera, rows) for camera in reader.camera_keys]
     return videos + [_diagnose_image_camera(reader, camera) for camera in reader.image_keys]
 
 
@@ -103,9 +129,11 @@ def _diagnose_image_camera(reader: LeRobotDatasetReader, camera: str) -> CameraR
     return report
 
 
-def _diagnose_camera(router: CameraRouter, camera: str) -> CameraReport:
-    """``camera`` routed as the iterator routes it (the iterator's own :class:`~.camera_plan.CameraRouter`: its files
-    surveyed through the same stores), then frame 0 of its first file decoded by every route available here."""
+def _diagnose_camera(router: CameraRouter, camera: str, rows: dict[str, np.ndarray] | None) -> CameraReport:
+    """``camera`` routed and checked as the iterator routes and checks it when built (the iterator's own
+    :class:`~.camera_plan.CameraRouter`: its files surveyed through the same stores; the first episode's first and last
+    rows, ``rows`` where read, looked up in its file), then frame 0 of its first file decoded by every route available
+    here."""
     depth = camera in router.depth_quantizers  # 12-bit codes: the workers decode them, as the iterator does
     try:
         video, index, route = router.route(camera, DecodePreference.AUTO)
@@ -114,6 +142,11 @@ def _diagnose_camera(router: CameraRouter, camera: str) -> CameraReport:
     path, fs = video.path, router.reader.filesystem_of(video.path)
     shown_route = f"{route.value} (depth map)" if depth else route.value
     report = CameraReport(camera, index.codec, (index.height, index.width), shown_route)
+    try:
+        router.check_rows_find_frames(0, {camera: index}, rows=rows)
+        router.check_backend({camera: route})
+    except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
+        report.refused = _describe(e)
     decoder = CpuFrameDecoder()
     try:
         if depth:

@@ -427,6 +427,24 @@ def test_diagnose_reports_an_unreadable_camera_and_goes_on(tmp_path: Path, capsy
     assert report.count(" ok ") == 2  # cpu_fallback and dali_cpu of cam1
 
 
+def test_diagnose_says_the_iterator_refuses_a_camera_and_what_reads_it(capsys, tmp_path, monkeypatch) -> None:
+    """r1_v30_h264 (10 fps rows over 25 fps video): with the iterator's defaults its first episode's last row finds no
+    frame, so diagnose exits 1 with the build's error, whose advice, given to diagnose, makes it exit 0 (before: a
+    healthy route and exit 0 whatever the iterator did; no --tolerance-s)."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    dataset = str(shared_dataset("r1_v30_h264"))
+    assert main(["diagnose", dataset]) == 1
+    out = capsys.readouterr().out
+    assert "camera observation.images.rgb: codec h264 360x640 (HxW) -> route cpu_fallback\n" in out
+    refused = re.search(r"\n  the iterator REFUSES it \(timestamp_source='parquet_timestamp', tolerance_s=0.0001\): "
+                        r"FrameTimestampError: .* query timestamp 78.900002 s .*on the command line (--tolerance-s "
+                        r"0.0201)\) .*\n", out)  # fmt: skip
+    assert refused is not None and " cpu_fallback  ok " in out
+    assert main(["diagnose", dataset, *refused.group(1).split()]) == 0
+    out = capsys.readouterr().out
+    assert "REFUSES" not in out and " cpu_fallback  ok " in out
+
+
 def test_ctrl_c_during_make_dataset_is_one_line_exit_130_and_leaves_no_out(tmp_path: Path, monkeypatch, capsys) -> None:
     import lerobot_dali.generate
 

@@ -117,3 +117,46 @@ def test_diagnose_surveys_through_the_stores_the_iterator_does(name, make_ds, co
     remote = name.endswith("remote")  # (a remote dataset's files surveyed from the packet index store)
     assert [(c[4] is not None, c[5] is not None) for c in by_iterator if c[0] == "survey"] == [(remote, not remote)]
     assert ("index", 0, CAM, ("PacketIndexStore", str(tmp_path / "cache/packet_index"))) in by_iterator
+
+
+@pytest.mark.parametrize("options", ["defaults", "the dataset's"])
+@pytest.mark.parametrize("name", [*REAL, "vp9"])
+def test_diagnose_refuses_a_camera_as_building_the_iterator_does(name, options, make_ds, copy_ds, tmp_path,
+                                                                 monkeypatch) -> None:  # fmt: skip
+    """With the same options, diagnose's verdict is the iterator's build: the error it raises (a camera's first
+    episode's rows finding no frame, its message saying which option reads them), or the routes it takes. Before,
+    diagnose showed a healthy route for each real dataset the iterator refuses with its default options."""
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    opener = _opener(name, make_ds, copy_ds)
+    given = REAL.get(name, ({}, {}))[1] if options == "the dataset's" else {}
+    built = _iterator_routes(opener(), **given)
+    reports = diagnose_dataset(opener(), machine=CPU, **given)
+    assert all(r.error is None for r in reports)
+    refusals = [r.refused for r in reports if r.refused is not None]
+    assert (refusals[0] if refusals else {r.camera: r.route for r in reports}) == built
+    assert [r.ok for r in reports] == [not refusals]
+    if name in REAL and options == "defaults":
+        advice = "--tolerance-s 0.0201" if name == "r1_v30_h264" else "--timestamp-source frame_index"
+        assert isinstance(built, str) and built.startswith("FrameTimestampError: ") and advice in built
+    else:
+        assert isinstance(built, dict)
+
+
+@pytest.mark.parametrize("codec", ["h264", "vp9"])
+def test_diagnose_refuses_the_torchcodec_backend_as_building_the_iterator_does(codec, make_ds, tmp_path,
+                                                                               monkeypatch) -> None:  # fmt: skip
+    """``cpu_decode=CpuDecodeOptions(backend=torchcodec)`` where torchcodec does not load: both refuse an H.264 camera
+    (the workers decode it) with the same CodecUnsupportedError; both pass a VP9 one (DALI decodes it)."""
+    from lerobot_dali import CpuDecodeOptions
+    from lerobot_dali.cpu_backends import torchcodec_unavailable
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec=codec)
+    torchcodec = CpuDecodeOptions(backend="torchcodec")
+    built = _iterator_routes(open_dataset(root), cpu_decode=torchcodec)
+    (report,) = diagnose_dataset(open_dataset(root), machine=CPU, cpu_decode=torchcodec)
+    assert (report.refused or {CAM: report.route}) == built
+    if codec == "vp9":
+        assert built == {CAM: "dali_cpu"}
+    elif torchcodec_unavailable() is not None:
+        assert isinstance(built, str) and built.startswith("CodecUnsupportedError: cpu_decode=CpuDecodeOptions(")
