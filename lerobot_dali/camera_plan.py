@@ -167,6 +167,31 @@ class CameraRouter:
                 timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s,
             )  # fmt: skip
 
+    def other_first_files(self, camera: str) -> dict[int, tuple[VideoRef, PacketIndex]]:
+        """A union's other datasets' first episodes' files of ``camera`` and their packet indexes, by position
+        (:meth:`route`'s ``others``, :meth:`check_camera`'s)."""
+        return {pos: self._packet_index(pos, camera) for pos in self._other_firsts()}
+
+    def check_camera(
+        self,
+        camera: str,
+        index: PacketIndex,
+        route: DecodeRoute,
+        rows: Mapping[str, np.ndarray] | None,
+        others: Mapping[int, tuple[VideoRef, PacketIndex]],
+    ) -> None:
+        """The iterator's build-time checks of one ``camera`` (``diagnose``'s; :meth:`CameraPlanner.choose_routes`
+        runs them for every camera at once): the first episode's rows (``rows``, where read) find their frames in its
+        file (``index``); a union's other datasets' first files (``others``: :meth:`other_first_files`) are held to
+        that file's format and their first episodes' rows find their frames in them too; the workers' decoder loads
+        (:meth:`check_backend`)."""
+        self.check_rows_find_frames(0, {camera: index}, rows=rows)
+        expected = CameraFormat.of(index, route=route)
+        for pos, (video, theirs) in others.items():
+            expected.check(theirs, path=video.path, episode=int(self.reader.episodes.episode_index[pos]), camera=camera)
+            self.check_rows_find_frames(pos, {camera: theirs})
+        self.check_backend({camera: route})
+
     def check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
         """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
         decode a camera: before, the iterator was built and the first batch failed. Depth cameras are left out: PyAV

@@ -3,7 +3,8 @@
 Routing failures are the most common surprise on a new cluster (AV1 datasets on H100s decode on the CPU),
 so the report decodes one real frame per camera by every route available here and says how the routes agree. It
 also runs the iterator's own build-time checks of each camera (the first episode's first and last rows find their frames
-in its file, the workers' decoder loads), so a camera the iterator would refuse with these options says so, and why.
+in its file, as a union's other datasets' first episodes do in theirs; the workers' decoder loads), so a camera the
+iterator would refuse with these options says so, and why.
 """
 
 from __future__ import annotations
@@ -132,19 +133,20 @@ def _diagnose_image_camera(reader: LeRobotDatasetReader, camera: str) -> CameraR
 def _diagnose_camera(router: CameraRouter, camera: str, rows: dict[str, np.ndarray] | None) -> CameraReport:
     """``camera`` routed and checked as the iterator routes and checks it when built (the iterator's own
     :class:`~.camera_plan.CameraRouter`: its files surveyed through the same stores; the first episode's first and last
-    rows, ``rows`` where read, looked up in its file), then frame 0 of its first file decoded by every route available
+    rows, ``rows`` where read, looked up in its file, a union's other datasets' first episodes in theirs:
+    :meth:`~.camera_plan.CameraRouter.check_camera`), then frame 0 of its first file decoded by every route available
     here."""
     depth = camera in router.depth_quantizers  # 12-bit codes: the workers decode them, as the iterator does
     try:
-        video, index, route = router.route(camera, DecodePreference.AUTO)
+        others = router.other_first_files(camera)  # (a union's: read once, for the route and the checks)
+        video, index, route = router.route(camera, DecodePreference.AUTO, others=[i for _, i in others.values()])
     except Exception as e:
         return CameraReport(camera, None, None, None, error=_describe(e))
     path, fs = video.path, router.reader.filesystem_of(video.path)
     shown_route = f"{route.value} (depth map)" if depth else route.value
     report = CameraReport(camera, index.codec, (index.height, index.width), shown_route)
     try:
-        router.check_rows_find_frames(0, {camera: index}, rows=rows)
-        router.check_backend({camera: route})
+        router.check_camera(camera, index, route, rows, others)
     except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
         report.refused = _describe(e)
     decoder = CpuFrameDecoder()

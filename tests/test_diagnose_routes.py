@@ -160,3 +160,27 @@ def test_diagnose_refuses_the_torchcodec_backend_as_building_the_iterator_does(c
         assert built == {CAM: "dali_cpu"}
     elif torchcodec_unavailable() is not None:
         assert isinstance(built, str) and built.startswith("CodecUnsupportedError: cpu_decode=CpuDecodeOptions(")
+
+
+@pytest.mark.parametrize("order", ["shifted last", "shifted first"])
+def test_diagnose_refuses_a_unions_camera_as_building_the_iterator_does(order, make_ds, copy_ds, tmp_path,
+                                                                        monkeypatch) -> None:  # fmt: skip
+    """A union's datasets' first episodes are each looked up when the iterator is built; diagnose looked up the
+    union's first only, so a union whose second dataset's first episode's rows miss its video (timestamps 0.5 s late)
+    showed a healthy route, ok, where the iterator refuses it. Now both give the same FrameTimestampError."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    plain = make_ds(**SPEC, codec="vp9")
+    shifted = copy_ds(plain)
+    data = shifted / "data/chunk-000/file-000.parquet"  # episodes 0-1
+    table = pq.read_table(data)
+    late = table.column("timestamp").to_numpy() + 0.5 * (table.column("episode_index").to_numpy() == 0)
+    pq.write_table(table.set_column(table.schema.get_field_index("timestamp"), "timestamp", pa.array(late)), data)
+    roots = [plain, shifted] if order == "shifted last" else [shifted, plain]
+    opener = lambda: concat_datasets([open_dataset(root) for root in roots])  # noqa: E731
+    built = _iterator_routes(opener())
+    (report,) = diagnose_dataset(opener(), machine=CPU)
+    assert isinstance(built, str) and built.startswith(f"FrameTimestampError: dataset {shifted}, episode 0, ")
+    assert report.error is None and report.route == "dali_cpu" and report.refused == built and not report.ok
