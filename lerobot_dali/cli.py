@@ -460,10 +460,15 @@ def _reencode(args: argparse.Namespace) -> int:
 def _diagnose(args: argparse.Namespace) -> int:
     from .diagnose import diagnose_dataset, diagnose_machine
 
-    if args.dataset is None and (args.cameras or args.revision):
+    given = args.cameras or args.revision or args.timestamp_source is not None or args.tolerance_s is not None
+    if args.dataset is None and given:
         taken = f" before --cameras (--cameras took {' '.join(map(repr, args.cameras))})" if args.cameras else ""
-        raise _CommandError(f"--cameras and --revision need a DATASET; give DATASET{taken}")
-    _check_tolerance(args.tolerance_s)
+        raise _CommandError(
+            f"--cameras, --revision, --timestamp-source and --tolerance-s need a DATASET; give DATASET{taken}"
+        )
+    timestamp_source: str = args.timestamp_source or TimestampSource.PARQUET_TIMESTAMP.value
+    tolerance_s: float = DEFAULT_TOLERANCE_S if args.tolerance_s is None else args.tolerance_s
+    _check_tolerance(tolerance_s)
     machine = diagnose_machine()
     print(f"DALI {machine.dali_version or 'not installed'}")
     if machine.cuda_available:
@@ -478,7 +483,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         return 0
     reader = _open_dataset(args)
     failed = False
-    options = {"timestamp_source": args.timestamp_source, "tolerance_s": args.tolerance_s}
+    options: dict[str, Any] = {"timestamp_source": timestamp_source, "tolerance_s": tolerance_s}
     for report in diagnose_dataset(reader, machine=machine, **options):
         failed |= not report.ok
         if report.error is not None:
@@ -613,11 +618,10 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     diagnose.add_argument(
         "--timestamp-source", type=str.lower, choices=[s.value for s in TimestampSource],
-        default=TimestampSource.PARQUET_TIMESTAMP.value,
         help="with DATASET: how rows find their frames, as the iterator will (default parquet_timestamp)",
     )  # fmt: skip
     diagnose.add_argument(
-        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
+        "--tolerance-s", type=float,
         help=f"with DATASET: max |frame pts - row time|, as the iterator will (default {DEFAULT_TOLERANCE_S:g})",
     )  # fmt: skip
     diagnose.set_defaults(run=_diagnose)

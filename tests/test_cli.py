@@ -398,18 +398,25 @@ def test_a_network_failure_past_its_retries_is_a_one_line_error(tmp_path: Path, 
 
 
 def test_diagnose_dataset_after_cameras_is_refused(tmp_path: Path, capsys) -> None:
-    """``--cameras`` takes every word after it, so a DATASET given last would be read as one more camera."""
+    """``--cameras`` takes every word after it, so a DATASET given last would be read as one more camera. The other
+    options of a DATASET are refused without one too (before: --timestamp-source and --tolerance-s were ignored,
+    exit 0, where --cameras and --revision were refused)."""
     dataset = str(tmp_path / "ds")
     cases = (
         (["--cameras", "observation.images.cam0", dataset], f"'observation.images.cam0' '{dataset}'"),
         (["--revision", "v1"], "give DATASET\n"),  # (no --cameras to give it before)
+        (["--timestamp-source", "frame_index"], "give DATASET\n"),
+        (["--tolerance-s", "0.5"], "give DATASET\n"),
+        (["--tolerance-s", "1e-4", "--timestamp-source", "parquet_timestamp"], "give DATASET\n"),  # (the defaults)
     )
     for argv, said in cases:
         assert main(["diagnose", *argv]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1, captured
         assert (
-            captured.err.startswith("lerobot-dali diagnose: --cameras and --revision need a DATASET")
+            captured.err.startswith(
+                "lerobot-dali diagnose: --cameras, --revision, --timestamp-source and --tolerance-s need a DATASET"
+            )
             and said in captured.err
         )
 
