@@ -560,8 +560,8 @@ def _took_no_answer(error: BaseException | None) -> bool:
     seen: set[int] = set()
     cause = error.__cause__ or error.__context__  # (httpx's ConnectError from httpcore's, raised handling the OSError)
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, _DROPPED):
-            return True
+        if isinstance(cause, OSError):  # (the socket's error that ended the connection; those it was raised handling
+            return isinstance(cause, _DROPPED)  # are not this connection's: a refusal raised handling a reset)
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return False

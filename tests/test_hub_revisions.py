@@ -595,18 +595,31 @@ def _hub_transport(transport: httpx2.BaseTransport) -> Iterator[None]:
         close_session()
 
 
+def _raised_handling(error: OSError) -> OSError:
+    """``error`` raised while a reset of another connection was handled (its ``__context__``): a refusal whose context
+    holds a reset is still a refusal (the Hub could not be reached), not a connection the Hub took and dropped."""
+    try:
+        raise ConnectionResetError(104, "Connection reset by peer")
+    except ConnectionResetError:
+        try:
+            raise error
+        except OSError as e:
+            return e
+
+
 @pytest.mark.parametrize(
     ("script", "outcome"),
     [
         ([ConnectionResetError(104, "Connection reset by peer")], "opens"),
         ([ssl.SSLEOFError(8, "EOF occurred in violation of protocol")], "opens"),
         ([ConnectionRefusedError(111, "Connection refused")], "could not be reached"),
+        ([_raised_handling(ConnectionRefusedError(111, "Connection refused"))], "could not be reached"),
         ([socket.gaierror(-2, "Name or service not known")], "could not be reached"),
         ([(404, {"X-Error-Code": "RepoNotFound"})], "not found on the Hub"),
         ([(401, {})], "not found on the Hub"),
         ([(403, {"X-Error-Code": "GatedRepo"})], "gated dataset needs a token"),
     ],
-    ids=["reset", "tls-eof", "refused", "dns", "404", "401", "gated"],
+    ids=["reset", "tls-eof", "refused", "refused-handling-a-reset", "dns", "404", "401", "gated"],
 )
 def test_a_connection_dropped_as_it_is_made_is_retried_and_a_hub_that_says_no_is_not(
     tmp_path: Path, monkeypatch, script: list[Any], outcome: str
@@ -615,7 +628,8 @@ def test_a_connection_dropped_as_it_is_made_is_retried_and_a_hub_that_says_no_is
     one is, and huggingface_hub's LocalEntryNotFoundError 'Got: ConnectError' for both: the open failed at once as
     DatasetNotFoundError 'the Hub could not be reached'. A reset or an EOF (the other end took the connection) is
     retried now, as a connection dropped later is: the dataset opens after one wait. A refused connection, a name not
-    resolved, a repo not found, unreadable (401) or gated are still the DatasetNotFoundError at once: 1 request."""
+    resolved, a repo not found, unreadable (401) or gated are still the DatasetNotFoundError at once: 1 request; so is
+    a refusal raised while a reset was handled (the walk of its causes stops at the socket's error: it was retried)."""
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
     waits: list[float] = []
     transport = _ScriptedHub(list(script))
