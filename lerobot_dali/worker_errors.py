@@ -5,8 +5,9 @@ DALI's parallel external source re-raises a worker's failure in the training pro
 original. A user who catches ``FrameTimestampError`` or ``MissingDataFileError`` should not have to parse
 that, so the original is rebuilt when it is one of ours or a builtin: the message is the ``RuntimeError``'s,
 exactly (several lines, colons and all), and the type is the name the traceback prints right before it. What the
-text alone would lose, a :class:`~lerobot_dali.errors.RemoteFileError`'s ``status``, the worker writes on its message's
-last line (:func:`carry_to_trainer`), and the rebuild takes it back off.
+text alone would lose, a :class:`~lerobot_dali.errors.RemoteFileError`'s or
+:class:`~lerobot_dali.errors.MissingDataFileError`'s ``status``, the worker writes on its message's last line
+(:func:`carry_to_trainer`), and the rebuild takes it back off.
 """
 
 from __future__ import annotations
@@ -34,18 +35,21 @@ __all__ = [
 
 _MARKER = "Exception traceback received from worker"
 _QUALNAME = re.compile(r"[A-Za-z_][\w.]*\Z")
-#: The last line of a RemoteFileError's message, in a worker, holding its ``status`` (``None`` too).
-_STATUS_LINE = "(lerobot_dali: RemoteFileError.status {})"
-_STATUS = re.compile(r"\n\(lerobot_dali: RemoteFileError\.status (\d+|None)\)\Z")
+#: The errors whose ``status`` (the HTTP status their server answered) the text DALI hands over would lose.
+_WITH_STATUS = (errors.RemoteFileError, errors.MissingDataFileError)
+#: The last line of such an error's message, in a worker, holding its class's name and ``status`` (``None`` too).
+_STATUS_LINE = "(lerobot_dali: {}.status {})"
+_STATUS = re.compile(r"\n\(lerobot_dali: (\w+)\.status (\d+|None)\)\Z")
 
 
 def carry_to_trainer(error: BaseException) -> None:
     """Write on ``error``'s message, in a worker process, what DALI's hand-over (the traceback's text and ``str()``
-    alone, ``_multiproc/messages.py``) would lose: a RemoteFileError's ``status`` (None in the trainer for a 403).
+    alone, ``_multiproc/messages.py``) would lose: a RemoteFileError's ``status`` (None in the trainer for a 403), a
+    MissingDataFileError's (None for a 404).
     :func:`original_worker_error` takes it off again as it rebuilds the error. Written once, however often raised, and
     for a status of None too: a message whose own last line reads as one is rebuilt whole, not as that status."""
-    if isinstance(error, errors.RemoteFileError):
-        line = f"\n{_STATUS_LINE.format(error.status)}"
+    if isinstance(error, _WITH_STATUS):
+        line = f"\n{_STATUS_LINE.format(type(error).__name__, error.status)}"
         if not str(error).endswith(line):
             error.args = (f"{error}{line}", *error.args[1:])
 
@@ -100,9 +104,9 @@ def _rebuild(traceback_text: str, message: str | None) -> BaseException | None:
         except (ValueError, SyntaxError, SystemError):  # SystemError: another thread's parse (literal_parsing)
             key = message
         return cls(key)
-    status = _STATUS.search(message) if issubclass(cls, errors.RemoteFileError) else None
-    if status is not None:
-        return cls(message[: status.start()], None if status[1] == "None" else int(status[1]))
+    status = _STATUS.search(message) if issubclass(cls, _WITH_STATUS) else None
+    if status is not None and status[1] == cls.__name__:
+        return cls(message[: status.start()], None if status[2] == "None" else int(status[2]))
     try:
         return cls(message) if message else cls()
     except TypeError:

@@ -80,6 +80,23 @@ def test_a_remote_file_error_whose_message_ends_like_a_status_line_keeps_it(stat
     assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
 
 
+@pytest.mark.parametrize("status", [404, 410, None])
+def test_a_missing_data_file_error_keeps_its_status(status: int | None) -> None:
+    """MissingDataFileError has a ``status`` (the server's 404/410) since dce0a3e, which the text DALI hands over did
+    not carry: a worker's was rebuilt with None. Its class's name rides on the status line, so neither error's line is
+    taken for the other's."""
+    said = "https://h/ds/data/chunk-000/file-000.parquet: the server has no such file (HTTP 404): check the revision"
+    error = errors.MissingDataFileError(said, status)
+    carry_to_trainer(error)
+    carry_to_trainer(error)
+    rebuilt = original_worker_error(_as_dali_raises(error))
+    assert type(rebuilt) is errors.MissingDataFileError
+    assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said,))
+    other = f"{said}\n(lerobot_dali: RemoteFileError.status 503)"  # (another class's line: its own text, whole)
+    rebuilt = original_worker_error(_as_dali_raises(errors.MissingDataFileError(other)))
+    assert type(rebuilt) is errors.MissingDataFileError and (str(rebuilt), rebuilt.status) == (other, None)
+
+
 def test_unknown_types_are_not_rebuilt() -> None:
     class ThirdPartyError(Exception):
         pass
@@ -98,6 +115,37 @@ class _FailingSource(BatchSource):
 
     def assemble(self, *args, **kwargs):
         raise ValueError(MULTILINE)
+
+
+#: What a Hub or https read answered 410 raises (remote_retry._not_served), its status 410.
+GONE = "https://h/ds/data/chunk-000/file-000.parquet: the server has no such file (HTTP 410): check the revision"
+
+
+class _GoneRowsSource(BatchSource):
+    """Reads rows whose parquet file the server answers 410 for (module level: spawned workers import it)."""
+
+    def assemble(self, *args, **kwargs):
+        def gone(*args, **kwargs):
+            raise errors.MissingDataFileError(GONE, 410)
+
+        self.spec.reader.read_episode = gone
+        return super().assemble(*args, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_missing_data_file_error_keeps_its_status_through_the_batch_and_a_worker(
+    make_ds, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """The batch names whose rows they were in a new error of the same type: it had no status (None for the 410), and
+    a worker's was rebuilt from text without one. Both keep it now."""
+    root = _small_dataset(make_ds)
+    monkeypatch.setattr(iterator_module, "BatchSource", _GoneRowsSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=workers, cameras=[])
+    with pytest.raises(errors.MissingDataFileError) as info:
+        next(iter(it))
+    it.close()
+    assert type(info.value) is errors.MissingDataFileError
+    assert (str(info.value), info.value.status) == (f"episode 0's rows: {GONE}", 410)
 
 
 def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
