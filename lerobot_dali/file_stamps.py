@@ -28,7 +28,7 @@ from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .distributed import launch_key
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem, StampUntold, is_missing, is_transient, speaks_http
+from .remote_retry import RetryingFileSystem, StampUntold, is_missing, is_transient, missing_status, speaks_http
 from .said_once import say_once, warn_once
 from .url_secrets import mask_error, masked, masking
 
@@ -282,7 +282,7 @@ class FileStamps(Mapping[str, FileStamp]):
                 f"File {path} does not exist on {type(self.fs).__name__}; check the dataset's files (and the "
                 "revision or data_files_root it is read from)."
             )
-            raise MissingDataFileError(masked(said)) from e
+            raise MissingDataFileError(masked(said), missing_status(e)) from e  # (a server's 404, 410: its status)
         stamp = self._versioned(stamp_from_info({"name": path, **info}), path)
         with self._lock:
             self._stamps[key] = stamp

@@ -53,6 +53,7 @@ __all__ = [
     "is_missing",
     "is_refused",
     "is_transient",
+    "missing_status",
     "retried",
     "speaks_http",
     "told_change",
@@ -676,6 +677,17 @@ def is_missing(error: BaseException) -> bool:
     return _status_of(answer) in (404, 410) or (
         isinstance(answer, FileNotFoundError) and not isinstance(answer, DatasetError)
     )
+
+
+def missing_status(error: BaseException) -> int | None:
+    """The HTTP status (404, 410) a server answered that it has no such file, of ``error`` or its cause (fsspec's HTTP
+    ``info`` raises FileNotFoundError from its client's 404): a MissingDataFileError's ``status``; None where no
+    server said so (a local file, a listing that lacks the file, an object store's FileNotFoundError)."""
+    for answer in (error, error.__cause__):
+        status = _status_of(answer) if answer is not None else None
+        if status in (404, _GONE):
+            return status
+    return None
 
 
 #: HTTP's answer for a file removed for good (:func:`_is_gone`).

@@ -490,3 +490,24 @@ def test_the_error_paths_stamp_check_names_a_file_removed_from_the_server(tmp_pa
         server.set_faults(0)
         (tmp_path / "a" / "f1").unlink()
         assert stamps.first_changed(paths) == (paths[1], "5 bytes", "removed")
+
+
+def test_a_file_the_server_answers_404_or_410_for_is_missing_with_that_status(tmp_path: Path) -> None:
+    """A file stamped by its own request (fsspec's HTTP info) that the server has not: MissingDataFileError naming it,
+    without the status the server answered (None), where a read answered so has it (remote_retry._not_served). It
+    has it now: 404, 410; a file absent on a local filesystem (no server asked) keeps None."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from tests.http_server import serve_folder
+
+    (tmp_path / "a").mkdir()
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=0))
+        statuses = []
+        for fault in ("404", "410"):
+            server.fault_paths = {"/a/": fault}
+            with pytest.raises(MissingDataFileError, match=r"/a/f0 does not exist on RetryingFileSystem") as caught:
+                FileStamps(fs)[f"{server.url}/a/f0"]
+            statuses.append(caught.value.status)
+    with pytest.raises(MissingDataFileError, match=r"/a/f0 does not exist on LocalFileSystem") as local:
+        FileStamps(LocalFileSystem())[str(tmp_path / "a" / "f0")]
+    assert (statuses, local.value.status) == ([404, 410], None)
