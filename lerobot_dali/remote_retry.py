@@ -569,7 +569,7 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub
     """The error for ``what`` on ``path`` that failed ``attempts`` times, the last with ``error`` (its cause)."""
     retry = "huggingface_hub's own retries spent" if hub else f"set {RETRIES_ENV} to retry more"
     note = f"lerobot_dali: {what} {path!r} failed {attempts} time(s); gave up ({retry})"
-    said = (str(error).strip().splitlines() or ["(no message)"])[0]  # (huggingface_hub's go on for lines: its cause)
+    said = _first_line(error)
     logger.warning("%s (last error %s: %s)", note, type(error).__name__, said)
     if sys.version_info >= (3, 11):
         error.add_note(note)
@@ -580,6 +580,12 @@ def _exhausted(error: BaseException, what: str, path: str, attempts: int, *, hub
         ),
         _status_of(error),
     )
+
+
+def _first_line(error: BaseException) -> str:
+    """``error``'s message's first line, for a log line or our message: huggingface_hub's go on for lines (a link to
+    the status's page, the server's body), which stay on the error itself (the cause, its traceback)."""
+    return (str(error).strip().splitlines() or ["(no message)"])[0]
 
 
 def _refused_error(error: BaseException, what: str, path: str) -> RemoteFileError:
@@ -818,7 +824,7 @@ class _Retrier:
                     what,
                     path,
                     type(e).__name__,
-                    e,
+                    _first_line(e),
                     attempt,
                     self.policy.retries,
                     delay,

@@ -524,7 +524,9 @@ def test_the_revisions_request_answered_5xx_or_429_is_retried_by_the_loaders_pol
     that request not, where its backoff retries the listing's and the files' 5xx and 429. Such an answer failed the
     open at once (1 request, RemoteFileError 'huggingface_hub retries it itself, or not at all'). It is retried now
     with the data reads' policy, waits and log lines: answered once, the dataset opens after one wait; answered every
-    try, it is the RemoteFileError naming the metadata folder, the status and what to do after the retries (2 here)."""
+    try, it is the RemoteFileError naming the metadata folder, the status and what to do after the retries (2 here).
+    Each try's log line says huggingface_hub's error's first line (its link and the server's body ran on for 2-3
+    lines more)."""
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
     caplog.set_level(logging.INFO, logger="lerobot_dali.remote_retry")
     waits: list[float] = []
@@ -553,6 +555,14 @@ def test_the_revisions_request_answered_5xx_or_429_is_retried_by_the_loaders_pol
     begins = {"503": "Server error '503 ", "429": "429 "}[fault]  # (huggingface_hub's words for each)
     assert len(said) == min(times, 2), said
     assert said[0].startswith(f"download hf://datasets/user/ds/meta/ failed (HfHubHTTPError: {begins}"), said
+    url = f"{server.url}/api/datasets/user/ds/revision/main"  # (each try's line says the error's first line alone)
+    first = {
+        "503": f"Server error '503 Service Unavailable' for url '{url}'",
+        "429": f"429 Too Many Requests for url: {url}.",
+    }
+    line = rf"download hf://datasets/user/ds/meta/ failed \(HfHubHTTPError: {re.escape(first[fault])}\)"
+    line += r"; retry \d/2 in \S+s"
+    assert all(re.fullmatch(line, each) for each in said), said
 
 
 class _ScriptedHub(httpx2.BaseTransport):
