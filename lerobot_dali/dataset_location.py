@@ -390,8 +390,8 @@ def _hub_location(
             answer = _hub_answer(e)
             if is_transient(e) and answer is None:  # (no answer: a connection dropped)
                 raise
-            if is_transient(e) and answer is not None and _answers_revision(answer):  # (a 5xx, 429 huggingface_hub
-                raise answer from answer.__cause__  # does not retry: the retries see its status and Retry-After)
+            if is_transient(e) and answer is not None and _answered_once(answer):  # (a 5xx, 429 huggingface_hub
+                raise answer from answer.__cause__  # did not retry: the retries see its status and Retry-After)
             failed = _metadata_download_failed(meta, e)
             if failed is None:
                 raise
@@ -435,19 +435,24 @@ def _hub_answer(error: BaseException) -> BaseException | None:
     return None
 
 
-def _answers_revision(answer: BaseException) -> bool:
-    """Whether ``answer`` (an error holding the Hub's HTTP answer) ends the request resolving the revision to a commit
-    (``HfApi.repo_info``: its ``dataset_info`` frame in the traceback), which ``snapshot_download`` makes first and
-    huggingface_hub does not retry; its backoff retried the others (the listing's, a file's 5xx and 429) itself."""
-    from huggingface_hub import HfApi
+def _answered_once(answer: BaseException) -> bool:
+    """Whether ``answer`` (an error holding the Hub's HTTP answer) ends a request huggingface_hub made once: the one
+    resolving the revision to a commit (``HfApi.repo_info``: its ``dataset_info`` frame in the traceback), which
+    ``snapshot_download`` makes first, or a metadata file's GET answered 5xx (``http_get``'s frame: its backoff retries
+    a GET's 408 and 429 alone). Its backoff retried the others itself (the listing's 5xx and 429, a file's HEAD's, whose
+    traceback it drops, and a GET's 429)."""
+    from huggingface_hub import HfApi, file_download
 
-    code = getattr(inspect.unwrap(HfApi.dataset_info), "__code__", None)  # (under its argument check)
-    return any(frame.f_code is code for frame, _ in traceback.walk_tb(answer.__traceback__))
+    once: list[Any] = [HfApi.dataset_info]
+    if getattr(getattr(answer, "response", None), "status_code", None) not in (408, 429):
+        once.append(file_download.http_get)
+    codes = {getattr(inspect.unwrap(function), "__code__", None) for function in once}  # (under its argument check)
+    return any(frame.f_code in codes for frame, _ in traceback.walk_tb(answer.__traceback__))
 
 
 def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | None:
     """The error for downloading a Hub dataset's metadata (``meta``: its folder's URL) that ``error`` ended (not one
-    saying the dataset cannot be found: :func:`_missing_on_hub`, nor one the loader retries: :func:`_answers_revision`):
+    saying the dataset cannot be found: :func:`_missing_on_hub`, nor one the loader retries: :func:`_answered_once`):
     the Hub refused a file (HTTP 401/403), answered 404 (410) for one its listing of the revision holds, or answered in
     a way retrying may mend past huggingface_hub's own retries (5xx, 429); None for other errors, which keep their
     type."""

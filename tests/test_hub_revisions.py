@@ -654,6 +654,55 @@ def test_a_connection_dropped_as_it_is_made_is_retried_and_a_hub_that_says_no_is
     assert (transport.asked, len(waits)) == ((2, 1) if outcome == "opens" else (1, 0))
 
 
+class _FailingGets(httpx2.BaseTransport):
+    """huggingface_hub's transport: the metadata files' GETs answered ``status`` the first ``times`` times, every
+    other request by the real server."""
+
+    def __init__(self, status: int, times: int) -> None:
+        self.status, self.times, self.gets = status, times, 0
+        self.real = httpx2.HTTPTransport()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "GET" and "/resolve/" in request.url.path:
+            self.gets += 1
+            if self.gets <= self.times:
+                return httpx2.Response(self.status, text="scripted", request=request)
+        return self.real.handle_request(request)
+
+
+@pytest.mark.parametrize("status", [503, 500])
+@pytest.mark.parametrize("times", [1, 3])
+def test_a_metadata_files_get_answered_5xx_is_retried_by_the_loaders_policy(
+    tmp_path: Path, monkeypatch, status: int, times: int
+) -> None:
+    """huggingface_hub retries a file's GET on 408 and 429 only (its HEAD, and the listing, on 5xx too): a metadata
+    file's GET answered 503 or 500 once failed the open at once (1 GET, RemoteFileError 'downloading it failed ...
+    (after huggingface_hub's own retries)', there were none). It is retried now as the revision's request is: once,
+    the dataset opens after one wait; every try, the RemoteFileError after the retries (2 here: 3 GETs)."""
+    import huggingface_hub.file_download as file_download
+
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    monkeypatch.setattr(file_download, "time", _SleepsRecorded([]))
+    waits: list[float] = []
+    transport = _FailingGets(status, times)
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server, _hub_transport(transport):
+        options = {"endpoint": server.url, "token": False}
+        if times == 1:
+            location = resolve_location("user/ds", storage_options=options)
+            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+        else:
+            with pytest.raises(RemoteFileError) as caught:
+                resolve_location("user/ds", storage_options=options)
+            assert str(caught.value).startswith(
+                f"hf://datasets/user/ds/meta/: download failed 3 time(s), the last with HfHubHTTPError: Server error "
+                f"'{status} "
+            ), caught.value
+            assert caught.value.status == status
+    assert (transport.gets, len(waits)) == ((2, 1) if times == 1 else (3, 2))
+
+
 def test_a_hub_that_drops_every_connection_in_its_tls_handshake_is_a_remote_file_error_after_the_retries(
     monkeypatch,
 ) -> None:
