@@ -8,6 +8,7 @@ they survive pickling so an error raised in a worker process reaches the trainin
 from __future__ import annotations
 
 import difflib
+from typing import Any
 
 from .url_secrets import masked
 
@@ -142,7 +143,29 @@ class MissingDataFileError(DatasetError, FileNotFoundError):
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
-        self.status = status  # (kept through pickling: an error's __dict__ goes with its args)
+        self._status = status  # (kept through pickling: an error's __dict__ goes with its args)
+
+    @property
+    def status(self) -> int | None:
+        """Its own, else that of the MissingDataFileError it was raised from: a reader naming more (``data file ...
+        is missing (listed in the episode metadata)``) raises its own from the one the server's answer made."""
+        error, seen = self, {id(self)}
+        while error._status is None and isinstance(error.__cause__, MissingDataFileError):
+            if id(error.__cause__) in seen:
+                break
+            error = error.__cause__
+            seen.add(id(error))
+        return error._status
+
+    @status.setter
+    def status(self, status: int | None) -> None:
+        self._status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (a copy too) with its status, the one its cause gave included: the cause does not go along."""
+        reduced: tuple[Any, ...] = super().__reduce__()  # type: ignore[assignment]  # (BaseException's: a tuple)
+        state = reduced[2] if len(reduced) > 2 and isinstance(reduced[2], dict) else {}
+        return (reduced[0], reduced[1], {**state, "_status": self.status})
 
 
 class RemoteFileError(DatasetError):

@@ -511,3 +511,31 @@ def test_a_file_the_server_answers_404_or_410_for_is_missing_with_that_status(tm
     with pytest.raises(MissingDataFileError, match=r"/a/f0 does not exist on LocalFileSystem") as local:
         FileStamps(LocalFileSystem())[str(tmp_path / "a" / "f0")]
     assert (statuses, local.value.status) == ([404, 410], None)
+
+
+def test_a_readers_missing_data_file_error_keeps_the_servers_status(tmp_path: Path) -> None:
+    """The parquet reader names the file as a data file the episode metadata lists, in its own MissingDataFileError
+    raised from the stamp's: its status was None, the server's 404 on the cause alone. It is the cause's now (its own
+    where it has one), and a chain of them that loops ends."""
+    pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
+    from lerobot_dali.episode_rows import open_parquet
+    from tests.http_server import serve_folder
+
+    (tmp_path / "data").mkdir()
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=0))
+        stamps = FileStamps(fs)
+
+        def open_file(path: str) -> Any:
+            stamps[path]  # (as open_stamped: the stamp first)
+            return fs.open(path)
+
+        with pytest.raises(MissingDataFileError, match=r"^data file .*/data/f\.parquet is missing") as caught:
+            open_parquet(open_file, f"{server.url}/data/f.parquet")
+    assert (caught.value.status, caught.value.__cause__.status) == (404, 404)
+    own = MissingDataFileError("gone", 410)
+    own.__cause__ = caught.value
+    looped = MissingDataFileError("a")
+    looped.__cause__ = MissingDataFileError("b")
+    looped.__cause__.__cause__ = looped
+    assert (own.status, looped.status, pickle.loads(pickle.dumps(caught.value)).status) == (410, None, 404)
