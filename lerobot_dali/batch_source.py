@@ -169,14 +169,6 @@ class SourceSpec:
     log_level: int = logging.WARNING
 
 
-def _said_of(error: DatasetError, message: str) -> DatasetError:
-    """``error``'s type saying ``message`` (which names whose data it was), a MissingDataFileError's ``status`` kept."""
-    said = type(error)(message)
-    if isinstance(said, MissingDataFileError) and isinstance(error, MissingDataFileError):
-        said.status = error.status  # (the HTTP status its server answered: 404, 410)
-    return said
-
-
 def lerobot_dtype(values: np.ndarray) -> np.ndarray:
     """``values`` in the dtype LeRobot's items have: they pass through ``torch.tensor`` as Python scalars, so
     every float column comes out float32 (float64 ones included) and every integer column int64."""
@@ -455,7 +447,7 @@ class BatchSource:
             except (VideoDecodeError, MissingDataFileError) as e:  # they name the file; say whose frames they were
                 changed = spec.reader.changed_on_server(self._video_ref(int(p), field.name).path for p in episode_pos)
                 episodes = sorted({int(spec.reader.episodes.episode_index[p]) for p in episode_pos})
-                raise changed or _said_of(e, f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e
+                raise changed or type(e)(f"camera {field.name!r}, batch of episodes {episodes}: {e}") from e
         return tuple(out)
 
     def _episode_rows(self, episode_pos: int) -> dict[str, np.ndarray]:
@@ -469,7 +461,7 @@ class BatchSource:
             except (MissingDataFileError, DataFileError) as e:  # they name the file; say whose rows they were
                 changed = self.spec.reader.changed_on_server([self.spec.reader.data_path(episode_pos)])
                 episode = int(self.spec.reader.episodes.episode_index[episode_pos])
-                raise changed or _said_of(e, f"episode {episode}'s rows: {e}") from e  # (its own type)
+                raise changed or type(e)(f"episode {episode}'s rows: {e}") from e  # (its type; its cause's status)
         if self.spec.listed_scalars is not None:
             rows = _scalar_layout(rows, self.spec.reader.info.features, self.spec.listed_scalars)
         self._rows[episode_pos] = rows
