@@ -184,9 +184,12 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
 def test_a_remote_cameras_files_are_surveyed_through_the_packet_index_store(make_ds, copy_ds, tmp_path, monkeypatch):
     """Remote: each file's packet index answers the survey, loaded from the on-disk store or built and kept there
     (the workers need it anyway; the node's other ranks and later runs load it), not a header every rank reads."""
+    from lerobot_dali import packet_index_cache
     from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
 
     monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    # (a fresh process's memory: another test's fakeremote:// files of the same stamps left their indexes in it)
+    monkeypatch.setattr(packet_index_cache, "_DEFAULT_CACHE", packet_index_cache.PacketIndexCache())
     root = _mixed(make_ds, copy_ds, "vp9", "av1")
     remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
     it = DALILeRobotIterator(remote, batch_size=5, device="cpu", num_workers=0)
