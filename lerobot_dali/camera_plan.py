@@ -169,28 +169,43 @@ class CameraRouter:
 
     def other_first_files(self, camera: str) -> dict[int, tuple[VideoRef, PacketIndex]]:
         """A union's other datasets' first episodes' files of ``camera`` and their packet indexes, by position
-        (:meth:`route`'s ``others``, :meth:`check_camera`'s)."""
+        (:meth:`route`'s ``others``, :meth:`check_cameras`')."""
         return {pos: self._packet_index(pos, camera) for pos in self._other_firsts()}
 
-    def check_camera(
+    def check_cameras(
         self,
-        camera: str,
-        index: PacketIndex,
-        route: DecodeRoute,
+        routes: Mapping[str, DecodeRoute],
+        indexes: Mapping[str, PacketIndex],
         rows: Mapping[str, np.ndarray] | None,
-        others: Mapping[int, tuple[VideoRef, PacketIndex]],
-    ) -> None:
-        """The iterator's build-time checks of one ``camera`` (``diagnose``'s; :meth:`CameraPlanner.choose_routes`
-        runs them for every camera at once): the first episode's rows (``rows``, where read) find their frames in its
-        file (``index``); a union's other datasets' first files (``others``: :meth:`other_first_files`) are held to
-        that file's format and their first episodes' rows find their frames in them too; the workers' decoder loads
-        (:meth:`check_backend`)."""
-        self.check_rows_find_frames(0, {camera: index}, rows=rows)
-        expected = CameraFormat.of(index, route=route)
-        for pos, (video, theirs) in others.items():
-            expected.check(theirs, path=video.path, episode=int(self.reader.episodes.episode_index[pos]), camera=camera)
-            self.check_rows_find_frames(pos, {camera: theirs})
-        self.check_backend({camera: route})
+        others: Mapping[int, Mapping[str, tuple[VideoRef, PacketIndex]]],
+    ) -> dict[str, CameraFormat]:
+        """Each camera's format, that of its first file (``indexes``), after the iterator's build-time checks of the
+        cameras ``routes`` (:meth:`CameraPlanner.choose_routes`' of every camera at once, ``diagnose``'s of one at a
+        time): a union's other datasets' first files (``others``, by position: :meth:`other_first_files`) are held to
+        it; each first episode's first and last rows (the first's ``rows``, where read) find their frames in its
+        files, the datasets' at once; the workers' decoder loads (:meth:`check_backend`)."""
+        formats = {camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()}
+        held = {pos: self._held_to_formats(pos, files, formats) for pos, files in others.items()}
+
+        def check_first(pos: int) -> None:
+            if pos:
+                self.check_rows_find_frames(pos, held[pos])
+            else:
+                self.check_rows_find_frames(pos, indexes, rows=rows)
+
+        in_threads(check_first, [0, *held])  # (a union's datasets' at once)
+        self.check_backend(routes)
+        return formats
+
+    def _held_to_formats(
+        self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]], formats: Mapping[str, CameraFormat]
+    ) -> dict[str, PacketIndex]:
+        """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""
+        episode = int(self.reader.episodes.episode_index[pos])
+        for camera, expected in formats.items():
+            video, index = files[camera]
+            expected.check(index, path=video.path, episode=episode, camera=camera)
+        return {camera: index for camera, (_, index) in files.items()}
 
     def check_backend(self, routes: Mapping[str, DecodeRoute]) -> None:
         """CodecUnsupportedError where ``cpu_decode`` asks for torchcodec, which cannot decode here, and the workers
@@ -231,10 +246,10 @@ class CameraPlanner(CameraRouter):
         self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
     ) -> dict[str, DecodeRoute]:
         """A route per video camera (:meth:`~CameraRouter.route`, a union's other datasets' first files read at once
-        for every camera); the first episode's first and last rows (``first_rows``, where already read) are looked up
-        in its file too (:meth:`check_rows_find_frames`), and that file's format kept as the camera's
-        (``camera_formats``, which the workers hold every other file to). A union's other datasets' first episodes
-        are held to them now too, rather than when a batch first reaches them."""
+        for every camera), then checked (:meth:`~CameraRouter.check_cameras`: the first episode's first and last rows,
+        ``first_rows`` where already read, looked up in its file; a union's other datasets' first episodes held to its
+        format now, rather than when a batch first reaches them); that file's format kept as the camera's
+        (``camera_formats``, which the workers hold every other file to)."""
         routes = {}
         surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
         indexes = {}
@@ -243,9 +258,6 @@ class CameraPlanner(CameraRouter):
         for camera in self.reader.camera_keys:
             theirs = [files[camera][1] for files in others]
             _, indexes[camera], routes[camera] = self.route(camera, preference, others=theirs, since=surveys_since)
-        self.camera_formats = {
-            camera: CameraFormat.of(index, route=routes[camera]) for camera, index in indexes.items()
-        }
         for camera, index in indexes.items():
             declared = self.reader.info.features[camera].declared_size
             if declared is not None and declared != (index.height, index.width):
@@ -253,26 +265,9 @@ class CameraPlanner(CameraRouter):
                           "carry the videos' size%s; correct info.json where a policy is built from it", camera,
                           *declared[::-1], index.width, index.height, index.source_name,
                           "" if self.image_size is None else " before image_size resizes them")  # fmt: skip
-        held = {pos: self._held_to_formats(pos, files) for pos, files in zip(firsts, others, strict=True)}
-
-        def check_first(pos: int) -> None:
-            if pos:
-                self.check_rows_find_frames(pos, held[pos])
-            else:
-                self.check_rows_find_frames(pos, indexes, rows=first_rows)
-
-        in_threads(check_first, self.reader.first_episodes())  # (a union's datasets' at once)
+        self.camera_formats = self.check_cameras(routes, indexes, first_rows, dict(zip(firsts, others, strict=True)))
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
-        self.check_backend(routes)
         return routes
-
-    def _held_to_formats(self, pos: int, files: Mapping[str, tuple[VideoRef, PacketIndex]]) -> dict[str, PacketIndex]:
-        """The packet index of each camera's file of episode ``pos`` (``files``), each held to the camera's format."""
-        episode = int(self.reader.episodes.episode_index[pos])
-        for camera, expected in self.camera_formats.items():
-            video, index = files[camera]
-            expected.check(index, path=video.path, episode=episode, camera=camera)
-        return {camera: index for camera, (_, index) in files.items()}
 
     def plan_feeds(self, routes: Mapping[str, DecodeRoute]) -> dict[str, CameraFeed]:
         on_gpu = self.device_id is not None

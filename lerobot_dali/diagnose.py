@@ -134,7 +134,7 @@ def _diagnose_camera(router: CameraRouter, camera: str, rows: dict[str, np.ndarr
     """``camera`` routed and checked as the iterator routes and checks it when built (the iterator's own
     :class:`~.camera_plan.CameraRouter`: its files surveyed through the same stores; the first episode's first and last
     rows, ``rows`` where read, looked up in its file, a union's other datasets' first episodes in theirs:
-    :meth:`~.camera_plan.CameraRouter.check_camera`), then frame 0 of its first file decoded by every route available
+    :meth:`~.camera_plan.CameraRouter.check_cameras`), then frame 0 of its first file decoded by every route available
     here."""
     depth = camera in router.depth_quantizers  # 12-bit codes: the workers decode them, as the iterator does
     try:
@@ -146,7 +146,7 @@ def _diagnose_camera(router: CameraRouter, camera: str, rows: dict[str, np.ndarr
     shown_route = f"{route.value} (depth map)" if depth else route.value
     report = CameraReport(camera, index.codec, (index.height, index.width), shown_route)
     try:
-        router.check_camera(camera, index, route, rows, others)
+        router.check_cameras({camera: route}, {camera: index}, rows, {pos: {camera: f} for pos, f in others.items()})
     except Exception as e:  # a diagnosis reports every failure instead of stopping at the first
         report.refused = _describe(e)
     decoder = CpuFrameDecoder()
