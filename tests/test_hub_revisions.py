@@ -378,6 +378,18 @@ def _serving_hub_metadata(tmp_path: Path, monkeypatch, waits: list[float]) -> It
         yield server
 
 
+def _opened_or_raised(server: Any, opens: bool, raises: type[Exception] = RemoteFileError) -> Exception | None:
+    """Open ``user/ds`` from ``server``: where it ``opens``, its metadata is there (None); else what it raised."""
+    options = {"endpoint": server.url, "token": False}
+    if opens:
+        location = resolve_location("user/ds", storage_options=options)
+        assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
+        return None
+    with pytest.raises(raises) as caught:
+        resolve_location("user/ds", storage_options=options)
+    return caught.value
+
+
 @pytest.mark.parametrize("fault", ["403", "404", "503"])
 def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_path: Path, monkeypatch, fault) -> None:
     """huggingface_hub's own snapshot_download against a server answering as the Hub, its metadata file refused (403),
@@ -501,18 +513,12 @@ def test_a_metadata_files_head_that_times_out_is_retried_not_a_hub_that_could_no
     waits: list[float] = []
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
         server.fault_paths = {}
-        options = {"endpoint": server.url, "token": False}
-        if timeouts == 2:
-            location = resolve_location("user/ds", storage_options=options)
-            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
-            assert len(waits) == 1
-        else:
-            with pytest.raises(RemoteFileError) as caught:
-                resolve_location("user/ds", storage_options=options)
-            assert str(caught.value).startswith(
+        error = _opened_or_raised(server, opens=timeouts == 2)
+        assert len(waits) == (1 if error is None else 2)
+        if error is not None:
+            assert str(error).startswith(
                 "hf://datasets/user/ds/meta/: download failed 3 time(s), the last with ReadTimeout: timed out"
-            ), caught.value
-            assert len(waits) == 2
+            ), error
 
 
 @pytest.mark.parametrize("fault", ["503", "429"])
@@ -533,14 +539,9 @@ def test_the_revisions_request_answered_5xx_or_429_is_retried_by_the_loaders_pol
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
         server.fault_paths = {}
         server.fail_next(*[fault] * times)
-        options = {"endpoint": server.url, "token": False}
-        if times == 1:
-            location = resolve_location("user/ds", storage_options=options)
-            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
-        else:
-            with pytest.raises(RemoteFileError) as caught:
-                resolve_location("user/ds", storage_options=options)
-            message = str(caught.value)
+        error = _opened_or_raised(server, opens=times == 1)
+        if isinstance(error, RemoteFileError):
+            message = str(error)
             url = f"{server.url}/api/datasets/user/ds/revision/main"
             said = f"Server error '503 Service Unavailable' for url '{url}'" if fault == "503" else None
             said = said or f"429 Too Many Requests for url: {url}."  # (huggingface_hub's words for each)
@@ -548,7 +549,7 @@ def test_the_revisions_request_answered_5xx_or_429_is_retried_by_the_loaders_pol
                 f"hf://datasets/user/ds/meta/: download failed 3 time(s), the last with HfHubHTTPError: {said}; gave "
                 "up: check the connection and the server, or set LEROBOT_DALI_REMOTE_RETRIES to retry more"
             ), message
-            assert caught.value.status == int(fault)
+            assert error.status == int(fault)
         asked = [r.status for r in server.records if "/revision/" in r.path]
     assert asked == [int(fault)] * times + ([200] if times == 1 else []) and len(waits) == min(times, 2)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("download ")]
@@ -644,13 +645,8 @@ def test_a_connection_dropped_as_it_is_made_is_retried_and_a_hub_that_says_no_is
     waits: list[float] = []
     transport = _ScriptedHub(list(script))
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server, _hub_transport(transport):
-        options = {"endpoint": server.url, "token": False}
-        if outcome == "opens":
-            location = resolve_location("user/ds", storage_options=options)
-            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
-        else:
-            with pytest.raises(DatasetNotFoundError, match=f"dataset 'user/ds' .*{outcome}"):
-                resolve_location("user/ds", storage_options=options)
+        error = _opened_or_raised(server, opens=outcome == "opens", raises=DatasetNotFoundError)
+        assert error is None or re.search(f"dataset 'user/ds' .*{outcome}", str(error)), error
     assert (transport.asked, len(waits)) == ((2, 1) if outcome == "opens" else (1, 0))
 
 
@@ -688,18 +684,13 @@ def test_a_metadata_files_get_answered_5xx_is_retried_by_the_loaders_policy(
     waits: list[float] = []
     transport = _FailingGets(status, times)
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server, _hub_transport(transport):
-        options = {"endpoint": server.url, "token": False}
-        if times == 1:
-            location = resolve_location("user/ds", storage_options=options)
-            assert Path(location.meta_path("meta/info.json")).read_text() == "{}"
-        else:
-            with pytest.raises(RemoteFileError) as caught:
-                resolve_location("user/ds", storage_options=options)
-            assert str(caught.value).startswith(
+        error = _opened_or_raised(server, opens=times == 1)
+        if isinstance(error, RemoteFileError):
+            assert str(error).startswith(
                 f"hf://datasets/user/ds/meta/: download failed 3 time(s), the last with HfHubHTTPError: Server error "
                 f"'{status} "
-            ), caught.value
-            assert caught.value.status == status
+            ), error
+            assert error.status == status
     assert (transport.gets, len(waits)) == ((2, 1) if times == 1 else (3, 2))
 
 

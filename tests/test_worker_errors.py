@@ -37,6 +37,15 @@ def _as_dali_raises(error: Exception) -> Exception:
         return raised
 
 
+def _carried_back(error: Exception) -> Exception:
+    """``error`` raised twice in a worker (its status line written once), as the training process rebuilds it."""
+    carry_to_trainer(error)
+    carry_to_trainer(error)
+    rebuilt = original_worker_error(_as_dali_raises(error))
+    assert type(rebuilt) is type(error)
+    return rebuilt
+
+
 @pytest.mark.parametrize(
     "error",
     [
@@ -59,11 +68,7 @@ def test_rebuilt_with_type_and_exact_message(error: Exception) -> None:
 def test_a_remote_file_error_keeps_its_status(status: int | None) -> None:
     """The text DALI hands over has no ``status``: a worker's RemoteFileError for a 403 was rebuilt with None."""
     said = "http://h/ds/videos/x.mp4: read was refused (not retried): log in\n(the server answered 403: Forbidden)"
-    error = errors.RemoteFileError(said, status)
-    carry_to_trainer(error)  # (in the worker)
-    carry_to_trainer(error)  # (raised again: written once)
-    rebuilt = original_worker_error(_as_dali_raises(error))
-    assert type(rebuilt) is errors.RemoteFileError
+    rebuilt = _carried_back(errors.RemoteFileError(said, status))
     assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
 
 
@@ -72,11 +77,7 @@ def test_a_remote_file_error_whose_message_ends_like_a_status_line_keeps_it(stat
     """The status rides on the message's last line: a worker's RemoteFileError whose own last line read as one was
     rebuilt without that line, the number on it as its status (403 -> 404, the line not written; None -> 404)."""
     said = "http://h/ds/videos/x.mp4: read failed\n(lerobot_dali: RemoteFileError.status 404)"
-    error = errors.RemoteFileError(said, status)
-    carry_to_trainer(error)
-    carry_to_trainer(error)
-    rebuilt = original_worker_error(_as_dali_raises(error))
-    assert type(rebuilt) is errors.RemoteFileError
+    rebuilt = _carried_back(errors.RemoteFileError(said, status))
     assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said, status))
 
 
@@ -86,11 +87,7 @@ def test_a_missing_data_file_error_keeps_its_status(status: int | None) -> None:
     not carry: a worker's was rebuilt with None. Its class's name rides on the status line, so neither error's line is
     taken for the other's."""
     said = "https://h/ds/data/chunk-000/file-000.parquet: the server has no such file (HTTP 404): check the revision"
-    error = errors.MissingDataFileError(said, status)
-    carry_to_trainer(error)
-    carry_to_trainer(error)
-    rebuilt = original_worker_error(_as_dali_raises(error))
-    assert type(rebuilt) is errors.MissingDataFileError
+    rebuilt = _carried_back(errors.MissingDataFileError(said, status))
     assert (str(rebuilt), rebuilt.status, rebuilt.args) == (said, status, (said,))
     other = f"{said}\n(lerobot_dali: RemoteFileError.status 503)"  # (another class's line: its own text, whole)
     rebuilt = original_worker_error(_as_dali_raises(errors.MissingDataFileError(other)))
