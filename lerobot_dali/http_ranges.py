@@ -6,7 +6,8 @@ before :func:`~.remote_retry.RetryingFileSystem.cat_file` found the answer too l
 (answered 416 Range Not Satisfiable: the file shrank on a server giving no ETag) reached the caller as aiohttp's
 ``ClientResponseError``, naming neither the range nor what to do. This is the same request, through the
 filesystem's own session and request options, its answer read until it holds more bytes than asked (then left:
-the range check names the server as ignoring Range, as for a Hub range since 690f01e).
+the range check names the server as ignoring Range, as for a Hub range since 690f01e). A subclass of fsspec's
+filesystem with reads of its own (its ``_cat_file`` or ``cat_file``: signing, auth) is read through them instead.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ _CHUNK = 1024 * 1024
 _SENT_RANGE = re.compile(r"\s*bytes\s+(\d+)-\d+/(?:\d+|\*)\s*", re.IGNORECASE)
 #: HTTP's answer with the whole file (to a Range: one ignored).
 _WHOLE = 200
+#: HTTP's answer with part of a file.
+_PARTIAL = 206
+#: The media type of a partial answer holding its ranges as parts, each with its own ``Content-Range``.
+_BYTERANGES = "multipart/byteranges"
 
 
 def cat_range(
@@ -43,13 +48,35 @@ def cat_range(
     than ``end - start`` bytes: a server that ignored the Range is left after about that many, and what came returned
     for the caller's check to name. A 404 is fsspec's FileNotFoundError and any other failing status aiohttp's error,
     as from ``cat_file``; a 416 is a DatasetError naming the file, the range, its sizes and what to do
-    (:func:`_unsatisfiable`)."""
+    (:func:`_unsatisfiable`). A filesystem that is not fsspec's own HTTP one (:func:`_reads_itself`) is asked
+    through its ``cat_file``, as the retry layer asks other filesystems."""
+    if not _reads_itself(fs):
+        return bytes(
+            fs.cat_file(url, start=start, end=end, **({} if timeout is None else {"timeout": timeout}), **kwargs)
+        )
     if start == end:
         return b""
     found = sync(fs.loop, _get, fs, url, start, end, kwargs, timeout=timeout)
     if isinstance(found, bytes):
         return found
     raise _unsatisfiable(url, start, end, size, found)
+
+
+def _reads_itself(fs: Any) -> bool:
+    """Whether :func:`cat_range` makes ``fs``'s requests itself: ``fs`` is fsspec's HTTPFileSystem or a subclass that
+    keeps its reads (``_cat_file``, ``cat_file``) as fsspec wrote them. A subclass's own (a user's, adding a signature
+    or a token to each read) were bypassed, its requests made unsigned; another filesystem speaking HTTP (fsspec's
+    synchronous one) has no event loop to make them on."""
+    try:
+        from fsspec.implementations.http import HTTPFileSystem
+    except ImportError:  # (no aiohttp: ``fs`` is not fsspec's HTTPFileSystem)
+        return False
+    kind = type(fs)
+    return (
+        isinstance(fs, HTTPFileSystem)
+        and kind._cat_file is HTTPFileSystem._cat_file
+        and kind.cat_file is HTTPFileSystem.cat_file
+    )
 
 
 async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) -> bytes | str:
@@ -61,6 +88,8 @@ async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) 
         if response.status == _RANGE_NOT_SATISFIABLE:
             return str(response.headers.get("Content-Range", ""))
         fs._raise_not_found_for_status(response, url)
+        if response.status == _PARTIAL and response.content_type == _BYTERANGES:
+            raise _multipart(url, start, end, str(response.headers.get("Content-Type", "")))
         _answered_from(url, start, end, response.status, str(response.headers.get("Content-Range", "")))
         chunks, received = [], 0
         while received <= end - start:  # (more than asked: a Range ignored; not read on)
@@ -92,10 +121,29 @@ def _answered_from(url: str, start: int, end: int, status: int, content_range: s
     )
 
 
+def _multipart(url: str, start: int, end: int, content_type: str) -> DatasetError:
+    """The error for the one range ``[start, end)`` of ``url`` answered as ``multipart/byteranges``: HTTP forbids it
+    (RFC 9110 15.3.7.2: a server MUST NOT answer a single range so), and fsspec's HTTP reads, which the dataset's files
+    are opened with, hand out such a body whole, its framing as the file's bytes; a server's configuration, so not
+    retried. It was named as a server ignoring Range, which it had not."""
+    return DatasetError(
+        masked(
+            f"{url}: bytes [{start}, {end}) asked in one range, answered HTTP 206 as {content_type.strip()!r}: the "
+            "range in a multipart body, which HTTP forbids for a single range (RFC 9110 15.3.7.2) and fsspec's HTTP "
+            "reads cannot take apart; serve the dataset from a server (or through a proxy or CDN) that answers a "
+            "single range with its bytes and a Content-Range, or copy it locally"
+        )
+    )
+
+
 def _unsatisfiable(url: str, start: int, end: int, size: int | None, content_range: str) -> DatasetError:
     """The error for bytes ``[start, end)`` of ``url`` answered 416: where the dataset listed the file with a ``size``
     other than the server's now (its ``Content-Range: bytes */N``), the file's change (:func:`changed_on_server`);
-    else the range past the file's end, with its sizes where known."""
+    else, with its sizes where known, a range starting past the end of the file as listed (asked wrongly: the
+    package's reads ask ranges inside the size the file was opened with, its parquet footer's and row groups', and
+    its videos' packets, which their index holds inside the size it was built for; fsspec's ``cat_file`` raises too),
+    a range inside the file as the server gives it (the server's fault), or one past the file's end as the server has
+    it (the file shrank: re-open)."""
     match = re.fullmatch(r"\s*bytes\s+\*/(\d+)\s*", content_range)
     now = int(match.group(1)) if match else None
     asked = f"bytes [{start}, {end}) asked, answered HTTP 416 Range Not Satisfiable"
@@ -103,9 +151,19 @@ def _unsatisfiable(url: str, start: int, end: int, size: int | None, content_ran
         return changed_on_server(url, f"{asked}: {size} bytes when opened, {now} bytes now")
     has = "gives no size for it" if now is None else f"has {now} bytes of it"
     listed = "" if size is None else f", the dataset listed it with {size}"
-    return DatasetError(
-        masked(
-            f"{url}: {asked} (the server {has}{listed}): the file is shorter than the range was reckoned for; "
-            "if it changed on the server, re-open the dataset to read it as it is now"
+    if size is not None and start >= size:
+        why = (
+            "the range starts at or past the end of the file as the dataset listed it, so it was asked wrongly (the "
+            "dataset's own reads ask none such: please report how it was asked); re-opening the dataset will not help"
         )
-    )
+    elif now is not None and start < now:
+        why = (
+            "the server refused a range inside the file as it gives it, a fault of the server or of a proxy or CDN "
+            "on the way; try again later, or copy the dataset locally"
+        )
+    else:
+        why = (
+            "the file is shorter than the range was reckoned for; if it changed on the server, re-open the dataset "
+            "to read it as it is now"
+        )
+    return DatasetError(masked(f"{url}: {asked} (the server {has}{listed}): {why}"))

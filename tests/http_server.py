@@ -37,19 +37,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
+__all__ = ["BYTERANGES_BOUNDARY", "HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
 #: ``503``/``429``/``403``/``404``/``410``: that status, empty body; ``drop``: half the body, then the connection
 #: closes; ``stall``: the headers, then ``stall_s`` seconds of silence before the body; ``short``: a range answered
 #: (206, honest headers) for half the bytes asked; ``no_range``: the whole file (200), whatever the Range asked.
 #: ``trickle``: the headers, then the body one byte every ``stall_s`` seconds (a server that never stalls long enough
 #: for a read timeout, yet never finishes). ``shifted``: a range answered (206, honest headers) from one byte past the
-#: start asked, as long where the file allows (a cache answering another request's range).
-HTTP_FAULT_KINDS = ("503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle", "shifted")
+#: start asked, as long where the file allows (a cache answering another request's range). ``multipart``: a range
+#: answered (206) as ``multipart/byteranges`` of one part, its ``Content-Range`` in the part (RFC 9110 15.3.7.2 forbids
+#: it for a single range; a server or proxy that does it anyway).
+HTTP_FAULT_KINDS = (
+    "503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle", "shifted", "multipart"
+)  # fmt: skip
 _STATUS_FAULTS = ("503", "429", "403", "404", "410")
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 _CHUNK = 64 * 1024
+#: The boundary of the ``multipart`` fault's parts.
+BYTERANGES_BOUNDARY = "3d6b6a416f9b5"
 
 
 @dataclass(frozen=True)
@@ -370,8 +376,14 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
             else:
                 start, stop, status, kind = 0, size, 200, "full"
+            head, tail = b"", b""
+            if fault == "multipart" and status == 206:  # (the Content-Range in its one part)
+                part = f"Content-Type: {headers['Content-Type']}\r\nContent-Range: {headers.pop('Content-Range')}"
+                head = f"--{BYTERANGES_BOUNDARY}\r\n{part}\r\n\r\n".encode()
+                tail = f"\r\n--{BYTERANGES_BOUNDARY}--\r\n".encode()
+                headers["Content-Type"] = f"multipart/byteranges; boundary={BYTERANGES_BOUNDARY}"
             if self.command in server.content_length:
-                headers["Content-Length"] = str(stop - start)
+                headers["Content-Length"] = str(len(head) + stop - start + len(tail))
             elif body:
                 self.close_connection = True  # (the body's end: the connection's)
             if fault == "drop" and (not body or stop == start):
@@ -389,14 +401,17 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                 sent = self._trickle(target, start, stop - start)
             elif body:
                 limit = (stop - start) // 2 if fault == "drop" else stop - start
-                sent = self._copy(target, start, limit)
+                sent = self._copy(target, start, limit, frame=(head, tail))
             if fault == "drop":
                 self._drop()
             self._record(status, kind, rng, sent, size)
 
-        def _copy(self, target: Path, start: int, length: int) -> int:
+        def _copy(self, target: Path, start: int, length: int, frame: tuple[bytes, bytes] = (b"", b"")) -> int:
+            """Bytes ``[start, start + length)`` of ``target`` sent, between ``frame``'s two (a multipart answer's
+            framing); how many of the file's went out (with the framing's, where all of them did)."""
             sent = 0
             try:
+                self.wfile.write(frame[0])
                 with open(target, "rb") as f:
                     f.seek(start)
                     while sent < length:
@@ -405,10 +420,11 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                             break
                         self.wfile.write(chunk)
                         sent += len(chunk)
+                self.wfile.write(frame[1])
                 self.wfile.flush()
             except (ConnectionError, BrokenPipeError):  # the client released the response unread
                 self.close_connection = True
-            return sent
+            return sent + (sum(map(len, frame)) if sent == length else 0)
 
         def _trickle(self, target: Path, start: int, length: int) -> int:
             sent = 0

@@ -665,6 +665,146 @@ def test_a_ranged_cat_file_answered_416_names_the_file_the_range_and_its_sizes(t
     assert slept == [] and type(info.value) is DatasetError
 
 
+def test_a_ranged_cat_file_past_the_end_of_an_unchanged_file_is_named_as_asked_wrongly(tmp_path: Path, slept) -> None:
+    """A 416 for a range past the end of a file that did not change (the server's size the listed one) said "the file
+    is shorter than the range was reckoned for; if it changed on the server, re-open the dataset", which would not
+    help: no read of the dataset asks such a range (its parquet ranges end at the size it opened the file with, its
+    videos' inside the size their index was built for), and fsspec's own HTTP cat_file raises for it too (aiohttp's
+    416), so it stays an error, now saying the range was asked wrongly. One GET, not retried."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    (tmp_path / "f.bin").write_bytes(bytes(1000))
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/f.bin"
+        plain = fsspec.filesystem("http", skip_instance_cache=True)
+        with pytest.raises(aiohttp.ClientResponseError, match="416"):  # (fsspec's own: an error, not b"")
+            plain.cat_file(url, start=1000, end=1010)
+        fs = RetryingFileSystem(plain, policy=RetryPolicy(retries=2))
+        fs.pin({url: FileStamp(1000)})
+        with pytest.raises(DatasetError) as info:
+            fs.cat_file(url, start=1000, end=1010)
+        assert [(r.status, r.range) for r in server.records] == [(416, "bytes=1000-1009")] * 2
+    assert str(info.value) == (
+        f"{url}: bytes [1000, 1010) asked, answered HTTP 416 Range Not Satisfiable (the server has 1000 bytes of it, "
+        "the dataset listed it with 1000): the range starts at or past the end of the file as the dataset listed it, "
+        "so it was asked wrongly (the dataset's own reads ask none such: please report how it was asked); re-opening "
+        "the dataset will not help"
+    )
+    assert slept == [] and type(info.value) is DatasetError
+
+
+@pytest.mark.parametrize(
+    ("size", "content_range", "said"),
+    [
+        (None, "bytes */1000", "(the server has 1000 bytes of it): the server refused a range inside the file"),
+        (
+            1000,
+            "bytes */1000",
+            "(the server has 1000 bytes of it, the dataset listed it with 1000): the server refused",
+        ),
+        (1000, "", "(the server gives no size for it, the dataset listed it with 1000): the file is shorter than"),
+        (None, "bytes */100", "(the server has 100 bytes of it): the file is shorter than the range was reckoned for"),
+    ],
+    ids=["unlisted_inside", "listed_inside", "no_size", "shrank_unlisted"],
+)
+def test_a_416_is_named_by_where_the_range_lies(size, content_range: str, said: str) -> None:
+    """The 416 of a range of bytes [500, 600): inside the file as the server gives it, the server's fault (not the
+    file's, which "shorter than the range was reckoned for" said); past the server's size, or with no size from it,
+    the file's (shrank: re-open)."""
+    from lerobot_dali.http_ranges import _unsatisfiable
+
+    error = _unsatisfiable("http://h/f.bin", 500, 600, size, content_range)
+    assert str(error).startswith(
+        f"http://h/f.bin: bytes [500, 600) asked, answered HTTP 416 Range Not Satisfiable {said}"
+    )
+
+
+def test_a_single_range_answered_multipart_is_named_as_such(tmp_path: Path, slept) -> None:
+    """A range answered 206 as ``multipart/byteranges`` (its one part: HTTP forbids it for a single range, RFC 9110
+    15.3.7.2) was named as a server that "ignored an HTTP Range request (it sent the whole file)", which it had not.
+    fsspec's HTTP reads take no multipart answer apart: its ``cat_file`` returns the body's framing with the bytes,
+    and a file opened (how the dataset's videos and parquet files are read) hands the framing out as the file's bytes,
+    so the ranged read refuses it too, naming the answer and the fix: one GET, its body unread, not retried."""
+    import fsspec
+
+    from tests.http_server import BYTERANGES_BOUNDARY
+
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/f.bin"
+        server.fault_paths = {"/f.bin": "multipart"}
+        plain = fsspec.filesystem("http", skip_instance_cache=True)
+        framed = plain.cat_file(url, start=1000, end=1010)
+        assert framed.startswith(f"--{BYTERANGES_BOUNDARY}\r\n".encode()) and data[1000:1010] in framed
+        with plain.open(url, "rb", block_size=100) as handle:
+            handle.seek(1000)
+            assert handle.read(10) == f"--{BYTERANGES_BOUNDARY}"[:10].encode()  # (fsspec's own: the framing)
+        server.reset_stats()
+        fs = RetryingFileSystem(plain, policy=RetryPolicy(retries=2))
+        with pytest.raises(DatasetError) as info:
+            fs.cat_file(url, start=1000, end=1010)
+        assert [(r.status, r.range) for r in server.records] == [(206, "bytes=1000-1009")]
+    assert str(info.value) == (
+        f"{url}: bytes [1000, 1010) asked in one range, answered HTTP 206 as 'multipart/byteranges; boundary="
+        f"{BYTERANGES_BOUNDARY}': the range in a multipart body, which HTTP forbids for a single range (RFC 9110 "
+        "15.3.7.2) and fsspec's HTTP reads cannot take apart; serve the dataset from a server (or through a proxy or "
+        "CDN) that answers a single range with its bytes and a Content-Range, or copy it locally"
+    )
+    assert slept == [] and type(info.value) is DatasetError
+
+
+@pytest.mark.parametrize("overridden", ["_cat_file", "cat_file", None])
+def test_a_ranged_cat_file_goes_through_a_subclass_s_own_reads(tmp_path: Path, overridden: str | None) -> None:
+    """The ranged cat_file of plain HTTP(S) makes its own GET (read no further than asked, a 416 named), which
+    bypassed a user's HTTPFileSystem subclass that signs its reads in ``_cat_file`` (or ``cat_file``): the prefetch
+    cache's ranges went unsigned, refused 401. Such a subclass's reads are now used, once per range; a subclass that
+    keeps fsspec's reads still gets the ranged GET (its 416 named: fsspec's own raises aiohttp's)."""
+    from fsspec.asyn import sync
+    from fsspec.implementations.http import HTTPFileSystem
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    calls: list[tuple[int, int]] = []
+
+    class Signing(HTTPFileSystem):
+        if overridden == "_cat_file":
+
+            async def _cat_file(self, url, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def]
+                calls.append((start, end))
+                headers = {**kwargs.pop("headers", {}), "X-Signature": "s"}
+                return await super()._cat_file(url, start=start, end=end, headers=headers, **kwargs)
+
+        elif overridden == "cat_file":
+
+            def cat_file(self, path, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def]
+                calls.append((start, end))
+                headers = {**kwargs.pop("headers", {}), "X-Signature": "s"}
+                return sync(self.loop, super()._cat_file, path, start=start, end=end, headers=headers, **kwargs)
+
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/f.bin"
+        fs = RetryingFileSystem(Signing(skip_instance_cache=True), policy=RetryPolicy(retries=0))
+        fs.pin({url: FileStamp(len(data))})
+        if overridden is None:
+            with pytest.raises(DatasetError, match=r"the range starts at or past the end of the file"):
+                fs.cat_file(url, start=len(data), end=len(data) + 10)
+            assert fs.cat_file(url, start=1000, end=3000) == data[1000:3000]
+        else:
+            server.required_headers = {"X-Signature": "s"}
+            assert fs.cat_file(url, start=1000, end=3000) == data[1000:3000]
+            assert fs.cat_file(url, start=5, end=6) == data[5:6]
+        asked = [(r.status, r.range) for r in server.records]
+    if overridden is None:
+        assert calls == [] and asked == [(416, f"bytes={len(data)}-{len(data) + 9}"), (206, "bytes=1000-2999")]
+    else:
+        assert calls == [(1000, 3000), (5, 6)] and asked == [(206, "bytes=1000-2999"), (206, "bytes=5-5")]
+
+
 def test_a_plain_http_range_answered_whole_is_read_no_further_than_the_bytes_asked(tmp_path: Path) -> None:
     """fsspec's HTTP cat_file reads its answer whole: 10 bytes asked of a 32 MiB file by a server ignoring Range (200,
     the whole file) read all 33,554,432 bytes (64 MiB at its peak in memory) before the range was found too long. The
