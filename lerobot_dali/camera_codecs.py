@@ -49,7 +49,7 @@ from .errors import (
     no_video_stream,
 )
 from .packet_index_cache import load_episode_packet_index
-from .remote_retry import is_transient
+from .remote_errors import is_transient
 from .said_once import say_once
 from .video_source import open_video_source
 from .yuv_frames import codec_color, stream_color

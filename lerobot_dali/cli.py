@@ -84,7 +84,7 @@ def _opening(dataset: str | Sequence[str]) -> Iterator[None]:
     """Opening ``dataset`` (or datasets): an ImportError, ValueError or OSError is a :class:`_CommandError` naming
     it, unless the network's (transient: :func:`main` names it) or the package's own (a DatasetError)."""
     from .errors import DatasetError
-    from .remote_retry import is_refused, is_transient
+    from .remote_errors import is_refused, is_transient
 
     try:
         yield
@@ -122,8 +122,9 @@ def _check_url(dataset: str | None) -> None:
 
 
 def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+    from .remote_errors import first_line
+
+    return f"{type(error).__name__}: {first_line(error, '')}"
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -787,7 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lerobot-dali {args.verb}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        from .remote_retry import REFUSED_HINT, is_refused, is_transient
+        from .remote_errors import REFUSED_HINT, is_refused, is_transient
 
         if is_refused(e):  # (aiohttp's 403 is no OSError: _open_dataset's handling missed it, a traceback followed)
             print(f"lerobot-dali {args.verb}: access refused ({_one_line(e)}); {REFUSED_HINT}", file=sys.stderr)
@@ -856,7 +857,7 @@ def _permission_denied(error: PermissionError) -> str:
 
 
 def _network_failed(verb: str, error: BaseException) -> int:
-    from .remote_retry import RETRIES_ENV
+    from .retry_policy import RETRIES_ENV
 
     print(
         f"lerobot-dali {verb}: the network failed past its retries ({_one_line(error)}); "

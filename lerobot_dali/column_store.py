@@ -57,7 +57,7 @@ from .cache_dirs import (
     try_flock_where_supported,
 )
 from .file_stamps import FileStamp
-from .remote_retry import is_transient
+from .remote_errors import is_transient
 from .said_once import warn_once
 from .url_secrets import masked_key
 

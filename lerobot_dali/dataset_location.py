@@ -32,7 +32,8 @@ from fsspec.implementations.local import LocalFileSystem
 from .distributed import draws_progress
 from .errors import DatasetNotFoundError, RemoteFileError
 from .file_stamps import client_of
-from .remote_retry import REFUSED_HINT, RetryingFileSystem, fresh_instance, is_refused, is_transient, retried
+from .remote_errors import REFUSED_HINT, first_line, is_refused, is_transient
+from .remote_retry import RetryingFileSystem, fresh_instance, retried
 from .said_once import say_once, warn_once
 from .url_secrets import mask_path_logs, masked, masking, without_credentials
 
@@ -458,7 +459,7 @@ def _metadata_download_failed(meta: str, error: Exception) -> RemoteFileError | 
     type."""
     answer = _hub_answer(error) or error
     status = getattr(getattr(answer, "response", None), "status_code", None)
-    said = f"{type(answer).__name__}: {(str(answer).strip().splitlines() or ['(no message)'])[0]}"
+    said = f"{type(answer).__name__}: {first_line(answer)}"
     if is_refused(answer):
         return RemoteFileError(
             masked(f"{meta}: downloading it was refused (not retried): {REFUSED_HINT} ({said})"), status
@@ -548,7 +549,7 @@ def _missing_on_hub(
         return None
     if maybe_path and not isinstance(error, (GatedRepoError, RevisionNotFoundError, incomplete)):  # (a repo id, surely)
         why += f"; nor is it a local folder under {os.getcwd()}"
-    cause = (str(error).strip().splitlines() or [""])[0]
+    cause = first_line(error, "")
     return DatasetNotFoundError(f"dataset {repo_id!r} {why} ({type(error).__name__}: {cause})")
 
 

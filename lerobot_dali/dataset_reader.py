@@ -62,7 +62,7 @@ from .errors import (
 from .file_stamps import FileStamp, FileStamps
 from .frame_lookup import ITERATORS_LOOKUP, FrameLookup
 from .hub_cache_files import bulk_files_named, read_bulk_from_cache
-from .remote_retry import changed_on_server, told_change
+from .remote_errors import changed_on_server, told_change
 from .row_count_store import Footer
 from .said_once import say_once, warn_once
 from .url_secrets import masked

@@ -50,7 +50,7 @@ from .episode_rows import (
 from .episode_table import CameraFiles, EpisodeTable
 from .errors import EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamp, FileStamps, local_stamps
-from .remote_retry import is_transient
+from .remote_errors import is_transient
 from .row_count_store import Footer, cached_footers
 from .said_once import say_once, warn_once
 

@@ -29,7 +29,7 @@ from .column_store import ColumnStore
 from .dataset_info import INDEX_COLUMNS, Feature
 from .errors import DataFileError, DatasetError, MissingDataFileError, SchemaMismatchError, cameras_hint
 from .file_stamps import FileStamp, stamp_from_stat
-from .remote_retry import is_transient
+from .remote_errors import is_transient
 
 __all__ = [
     "DecodedGroups",

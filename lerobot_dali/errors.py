@@ -92,7 +92,7 @@ def did_you_mean(unknown: list[str], available: list[str]) -> str:
 def listing_hint(fs: object) -> str:
     """What to add where a glob or a listing of ``fs`` found nothing: over plain HTTP the files are found through
     the server's directory listings (HTML index pages), which many servers do not serve; elsewhere nothing."""
-    from .remote_retry import speaks_http  # (which imports this module)
+    from .request_checks import speaks_http  # (which imports this module)
 
     if not speaks_http(fs):
         return ""

@@ -28,7 +28,9 @@ from . import fork_locks
 from .concurrent_calls import KeyedLocks
 from .distributed import launch_key
 from .errors import MissingDataFileError
-from .remote_retry import RetryingFileSystem, StampUntold, is_missing, is_transient, missing_status, speaks_http
+from .remote_errors import StampUntold, is_missing, is_transient, missing_status
+from .remote_retry import RetryingFileSystem
+from .request_checks import speaks_http
 from .said_once import say_once, warn_once
 from .url_secrets import mask_error, masked, masking
 

@@ -18,7 +18,7 @@ from typing import Any
 from fsspec.asyn import sync
 
 from .errors import DatasetError
-from .remote_retry import _ignored_range, changed_on_server
+from .remote_errors import changed_on_server, ignored_range
 from .url_secrets import masked
 
 __all__ = ["cat_range"]
@@ -112,7 +112,7 @@ def _answered_from(url: str, start: int, end: int, status: int, content_range: s
     if first is None or first == start:
         return
     if match is None:
-        raise _ignored_range(url)
+        raise ignored_range(url)
     raise ConnectionError(
         masked(
             f"{url}: asked for bytes [{start}, {end}) and answered HTTP {status} with Content-Range "

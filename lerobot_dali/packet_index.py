@@ -38,7 +38,7 @@ from .errors import (
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, PacketBytes, ReadAt, check_keyframe_sizes
 from .mp4_tables import Mp4Track, mp4_file_cut, read_mp4_tracks
 from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
-from .remote_retry import is_transient
+from .remote_errors import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
 

@@ -16,7 +16,8 @@ from huggingface_hub.hf_file_system import _cache_info_from_path_info
 
 from lerobot_dali.errors import MissingDataFileError
 from lerobot_dali.file_stamps import FileStamp, FileStamps, stamp_from_info
-from lerobot_dali.remote_retry import RetryingFileSystem, RetryPolicy
+from lerobot_dali.remote_retry import RetryingFileSystem
+from lerobot_dali.retry_policy import RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 
 _SHA = "a" * 64
@@ -494,7 +495,7 @@ def test_the_error_paths_stamp_check_names_a_file_removed_from_the_server(tmp_pa
 
 def test_a_file_the_server_answers_404_or_410_for_is_missing_with_that_status(tmp_path: Path) -> None:
     """A file stamped by its own request (fsspec's HTTP info) that the server has not: MissingDataFileError naming it,
-    without the status the server answered (None), where a read answered so has it (remote_retry._not_served). It
+    without the status the server answered (None), where a read answered so has it (remote_errors.not_served). It
     has it now: 404, 410; a file absent on a local filesystem (no server asked) keeps None."""
     pytest.importorskip("aiohttp", reason="fsspec's HTTPFileSystem needs aiohttp (the 'test' extra)")
     from tests.http_server import serve_folder

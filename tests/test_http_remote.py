@@ -30,14 +30,9 @@ import pytest
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, EpisodeMetadataError, MissingDataFileError, RemoteFileError
-from lerobot_dali.remote_retry import (
-    REFUSED_HINT,
-    RETRIES_ENV,
-    RetryingFileSystem,
-    RetryPolicy,
-    _status_of,
-    is_transient,
-)
+from lerobot_dali.remote_errors import REFUSED_HINT, is_transient, status_of
+from lerobot_dali.remote_retry import RetryingFileSystem
+from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
 from tests.http_server import FolderServer, RequestRecord, parse_range, serve_folder
 from tests.test_iterator import DELTAS, LENGTHS, _dataset, _samples, assert_frames_equal_an_independent_decode
 from tests.test_remote import _assert_samples_equal, importable_in_workers, use_fast_retries
@@ -1019,8 +1014,8 @@ def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Pat
 
     (tmp_path / "blob.bin").write_bytes(bytes(range(256)) * 40)
     monkeypatch.setenv(RETRIES_ENV, "0")
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**9)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_MIN_BYTES_PER_S", 10**9)
     with serve_folder(tmp_path) as server:
         fs = resolve_location(server.url).fs
         server.stall_s = 0.05
@@ -1050,8 +1045,8 @@ def test_a_server_trickling_a_folder_listing_fails_it_at_its_deadline(tmp_path: 
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "file-000.parquet").write_bytes(b"x")
     monkeypatch.setenv(RETRIES_ENV, "0")
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**12)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_MIN_BYTES_PER_S", 10**12)
     with serve_folder(tmp_path) as server:
         fs = resolve_location(server.url).fs
         assert fs.glob(f"{server.url}/d/*.parquet") == [f"{server.url}/d/file-000.parquet"]
@@ -1235,7 +1230,7 @@ def test_a_signature_in_the_query_is_sent_but_named_in_no_log_or_error(
     with pytest.raises(Exception) as info:
         remote.read_episode(0)
     server.set_faults(0)
-    assert _status_of(info.value) == int(fault)  # (aiohttp's error itself, its status kept)
+    assert status_of(info.value) == int(fault)  # (aiohttp's error itself, its status kept)
     said = "".join(traceback.format_exception(info.value))  # (the error, its notes and its causes)
     assert "SIGSECRET" not in said and "sig=***&scope=all" in said, said
     ours = [r for r in caplog.records if r.name.startswith("lerobot_dali")]
@@ -2248,8 +2243,8 @@ def test_a_hub_file_block_trickled_fails_at_the_deadline_of_a_plain_http_read(tm
     commit = "c0ffee" * 6 + "c0ff"
     waits: list[float] = []
     data = _hub_file_served(tmp_path, monkeypatch, commit, seed=7, waits=waits)
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_DEADLINE_BASE_S", 0.6)
-    monkeypatch.setattr("lerobot_dali.remote_retry.HTTP_MIN_BYTES_PER_S", 10**12)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_DEADLINE_BASE_S", 0.6)
+    monkeypatch.setattr("lerobot_dali.request_checks.HTTP_MIN_BYTES_PER_S", 10**12)
     with serve_folder(tmp_path) as server:
         fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=1))
         path = f"datasets/user/ds@{commit}/f.bin"
@@ -2373,7 +2368,7 @@ def test_a_hub_file_answered_404_is_a_missing_data_file_naming_it(tmp_path: Path
                 "the dataset is read at, and that the file is there: upload or copy it again where it was removed, or "
                 "leave out the episodes it holds (episodes=[...] of the others)"
             )
-            assert isinstance(info.value, MissingDataFileError) and _status_of(info.value.__cause__) == 404
+            assert isinstance(info.value, MissingDataFileError) and status_of(info.value.__cause__) == 404
             assert info.value.status == 404  # (as a RemoteFileError's: it had none, the 404 in its message alone)
 
 
@@ -2520,7 +2515,7 @@ def test_if_match_is_turned_off_by_its_environment_variable(monkeypatch) -> None
     import fsspec
 
     from lerobot_dali.file_stamps import FileStamp
-    from lerobot_dali.remote_retry import IF_MATCH_ENV
+    from lerobot_dali.retry_policy import IF_MATCH_ENV
 
     fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True))
     fs.pin({"http://h/s": FileStamp(3, "etag:abc")})
@@ -2570,7 +2565,7 @@ def test_a_server_whose_if_match_disagrees_with_its_etags_is_read_without_it(
     'changed ... while it was read ...; re-open the dataset', for a file that never changed, which re-opening cannot
     mend (1 of 1 episodes read). The 412 now asks for the stamp again, and where it is unchanged the filesystem
     reads on without If-Match, as before it sent any (said once): the rows equal the local ones."""
-    from lerobot_dali.remote_retry import IF_MATCH_ENV
+    from lerobot_dali.retry_policy import IF_MATCH_ENV
 
     with serve_folder(root.parent) as server:
         server.if_match = "refuse"
@@ -2594,7 +2589,7 @@ def test_a_union_file_rewritten_unreadable_without_if_match_is_named_changed(
     not a change (re-open the dataset)."""
     from lerobot_dali import concat_datasets
     from lerobot_dali.iterator import DALILeRobotIterator
-    from lerobot_dali.remote_retry import IF_MATCH_ENV
+    from lerobot_dali.retry_policy import IF_MATCH_ENV
 
     monkeypatch.setenv(IF_MATCH_ENV, "0")
     roots = [tmp_path / f"dataset{i}" for i in range(2)]
@@ -2641,7 +2636,7 @@ def test_a_stamp_asked_again_of_a_server_that_gives_no_content_length_uses_what_
         server.versions = {"etag_dropped": "last_modified", "told_nothing": False}.get(case, True)
         server.reset_stats()
         if case == "told_nothing":
-            from lerobot_dali.remote_retry import StampUntold
+            from lerobot_dali.remote_errors import StampUntold
 
             server.fail_next(None, None, "no_range")  # (the HEAD, fsspec's GET, the ranged GET: whole, no size)
             with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):

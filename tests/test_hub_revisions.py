@@ -41,7 +41,7 @@ from lerobot_dali.dataset_location import DatasetLocation, resolve_location
 from lerobot_dali.dataset_union import concat_datasets
 from lerobot_dali.errors import DatasetNotFoundError, RemoteFileError
 from lerobot_dali.mixture import DALILeRobotMixture
-from lerobot_dali.remote_retry import REFUSED_HINT
+from lerobot_dali.remote_errors import REFUSED_HINT
 
 SNAPSHOT_SHA = "c0ffee" * 6 + "c0ff"
 USER_SHA = "0123456789abcdef" * 2 + "01234567"
@@ -742,7 +742,7 @@ def test_a_request_huggingface_hub_retried_itself_counts_its_tries_behind_its_lo
     import huggingface_hub.utils._http as hub_http
     from huggingface_hub.utils import http_backoff
 
-    from lerobot_dali.remote_retry import _hub_tries
+    from lerobot_dali.hub_retries import hub_tries
     from tests.http_server import serve_folder
     from tests.test_http_remote import _SleepsRecorded
 
@@ -755,7 +755,7 @@ def test_a_request_huggingface_hub_retried_itself_counts_its_tries_behind_its_lo
         except Exception as e:  # (as snapshot_download raises it for its listing's failure)
             wrapped = LocalEntryNotFoundError("Got: RemoteProtocolError")
             wrapped.__cause__ = e
-            tries = (_hub_tries(e), _hub_tries(wrapped))
+            tries = (hub_tries(e), hub_tries(wrapped))
         asked = len(server.records)
     assert (asked, tries) == (3, (3, 3))
 

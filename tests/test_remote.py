@@ -28,7 +28,9 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
-from lerobot_dali.remote_retry import RETRIES_ENV, RetryingFileSystem, RetryPolicy, fresh_instance, is_transient
+from lerobot_dali.remote_errors import is_transient
+from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
+from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
 
@@ -562,7 +564,7 @@ def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
     inside the rate limit; the wait is now at least what the server asked, and at most MAX_RETRY_AFTER_S. The Hub's
     429s say it in a ``RateLimit`` header (none left, reset in t s), which huggingface_hub's own retries honoured
     and this module's, which replace them for Hub reads, did not."""
-    from lerobot_dali import remote_retry
+    from lerobot_dali import remote_retry, retry_policy
 
     class RateLimited(Exception):
         def __init__(self, after: str, header: str = "Retry-After") -> None:
@@ -573,9 +575,9 @@ def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
     monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=waits.append, time=time.time))
     for after, expected in [
         ("7", 7.0),
-        ("86400", remote_retry.MAX_RETRY_AFTER_S),
+        ("86400", retry_policy.MAX_RETRY_AFTER_S),
         (('"api";r=0;t=55', "RateLimit"), 55.0),
-        (('"api";r=0;t=9000', "RateLimit"), remote_retry.MAX_RETRY_AFTER_S),
+        (('"api";r=0;t=9000', "RateLimit"), retry_policy.MAX_RETRY_AFTER_S),
         (('"api";r=3;t=55', "RateLimit"), RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),
         ("soon", RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),  # (neither seconds nor a date)
         ("-5", RetryPolicy(retries=2, base_delay_s=0.1).delay_s(1, "read:x.mp4")),
@@ -592,7 +594,7 @@ def test_a_rate_limit_waits_as_long_as_the_server_asks(monkeypatch) -> None:
         assert retrier.call("read", "x.mp4", request) == b"ok"
         assert waits.pop() == expected
     later = email.utils.formatdate(time.time() + 20, usegmt=True)  # an HTTP date
-    assert 15 < remote_retry._retry_after_s(RateLimited(later)) <= 20
+    assert 15 < retry_policy.retry_after_s(RateLimited(later)) <= 20
 
 
 def test_a_filesystem_that_keeps_the_query_in_its_paths_names_no_credential(
@@ -606,7 +608,7 @@ def test_a_filesystem_that_keeps_the_query_in_its_paths_names_no_credential(
     import traceback
 
     from lerobot_dali.file_stamps import FileStamps
-    from lerobot_dali.remote_retry import changed_on_server
+    from lerobot_dali.remote_errors import changed_on_server
 
     monkeypatch.setattr("lerobot_dali.remote_retry.time", SimpleNamespace(sleep=lambda s: None))
     folder = "ds?a=1&token=SECRET"

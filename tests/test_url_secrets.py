@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lerobot_dali.remote_retry import _status_of, is_transient
+from lerobot_dali.remote_errors import is_transient, status_of
 from lerobot_dali.url_secrets import mask_error, masked
 
 aiohttp = pytest.importorskip("aiohttp", reason="the errors masked are aiohttp's (the 'test' extra)")
@@ -36,7 +36,7 @@ def test_mask_error_masks_aiohttps_errors_and_their_causes_in_place_keeping_thei
     said = [str(error), str(timeout), *error.__notes__]
     assert not [text for text in said if "ab%2Fc" in text or "Sig=s&" in text], said
     assert "X-Amz-Signature=***&Sig=***&token=&scope=all" in str(error) and str(timeout).endswith("scope=all#frag")
-    assert error.request_info.method == "GET" and _status_of(error) == 503 and is_transient(error)
+    assert error.request_info.method == "GET" and status_of(error) == 503 and is_transient(error)
     assert is_transient(timeout) and isinstance(timeout, TimeoutError)
 
 
@@ -56,7 +56,7 @@ def test_mask_error_masks_the_credential_headers_that_the_errors_repr_names() ->
     assert not [s for s in ("YWxpY2U6czNjcmV0", "k3y", "c00k") if s in repr(error)], repr(error)
     shown = {"Authorization": "***", "x-api-key": "***", "Range": "bytes=0-9", "Cookie": "***"}
     assert dict(error.request_info.headers) == shown
-    assert error.request_info.url == url and error.headers == {"Retry-After": "3"} and _status_of(error) == 429
+    assert error.request_info.url == url and error.headers == {"Retry-After": "3"} and status_of(error) == 429
 
 
 class _NoText:
@@ -138,7 +138,7 @@ def test_mask_error_masks_the_redirects_that_the_errors_repr_names() -> None:
     mask_error(error)
     assert not [s for s in ("USERSECRET", "CDNSECRET") if s in repr(error)], repr(error)
     assert "f.mp4?sig=***" in repr(error.history) and "Signature=***" in repr(error.history)
-    assert [r.status for r in error.history] == [302] and error.status == 503 and _status_of(error) == 503
+    assert [r.status for r in error.history] == [302] and error.status == 503 and status_of(error) == 503
 
 
 def test_without_credentials_keeps_the_parameters_it_keeps_as_written_and_drops_credential_names_only() -> None:
@@ -432,7 +432,8 @@ def test_a_remote_files_seek_before_its_start_names_its_path_masked() -> None:
 
     import fsspec
 
-    from lerobot_dali.remote_retry import RetryingFileSystem, RetryPolicy
+    from lerobot_dali.remote_retry import RetryingFileSystem
+    from lerobot_dali.retry_policy import RetryPolicy
 
     memory = fsspec.filesystem("memory")
     path = "/h229/ds?a=1&token=S3CR/videos/f.mp4"

@@ -114,7 +114,7 @@ class _FailingSource(BatchSource):
         raise ValueError(MULTILINE)
 
 
-#: What a Hub or https read answered 410 raises (remote_retry._not_served), its status 410.
+#: What a Hub or https read answered 410 raises (remote_errors.not_served), its status 410.
 GONE = "https://h/ds/data/chunk-000/file-000.parquet: the server has no such file (HTTP 410): check the revision"
 
 
