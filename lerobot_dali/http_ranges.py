@@ -48,12 +48,7 @@ def cat_range(
     than ``end - start`` bytes: a server that ignored the Range is left after about that many, and what came returned
     for the caller's check to name. A 404 is fsspec's FileNotFoundError and any other failing status aiohttp's error,
     as from ``cat_file``; a 416 is a DatasetError naming the file, the range, its sizes and what to do
-    (:func:`_unsatisfiable`). A filesystem that is not fsspec's own HTTP one (:func:`_reads_itself`) is asked
-    through its ``cat_file``, as the retry layer asks other filesystems."""
-    if not _reads_itself(fs):
-        return bytes(
-            fs.cat_file(url, start=start, end=end, **({} if timeout is None else {"timeout": timeout}), **kwargs)
-        )
+    (:func:`_unsatisfiable`). Only for a filesystem whose requests this may make (:func:`reads_itself`)."""
     if start == end:
         return b""
     found = sync(fs.loop, _get, fs, url, start, end, kwargs, timeout=timeout)
@@ -62,11 +57,11 @@ def cat_range(
     raise _unsatisfiable(url, start, end, size, found)
 
 
-def _reads_itself(fs: Any) -> bool:
-    """Whether :func:`cat_range` makes ``fs``'s requests itself: ``fs`` is fsspec's HTTPFileSystem or a subclass that
-    keeps its reads (``_cat_file``, ``cat_file``) as fsspec wrote them. A subclass's own (a user's, adding a signature
-    or a token to each read) were bypassed, its requests made unsigned; another filesystem speaking HTTP (fsspec's
-    synchronous one) has no event loop to make them on."""
+def reads_itself(fs: Any) -> bool:
+    """Whether :func:`cat_range` may make ``fs``'s requests itself: ``fs`` is fsspec's HTTPFileSystem or a subclass
+    that keeps its reads (``_cat_file``, ``cat_file``) as fsspec wrote them. A subclass's own (a user's, adding a
+    signature or a token to each read) were bypassed, its requests made unsigned; another filesystem speaking HTTP
+    (fsspec's synchronous one) has no event loop to make them on: each is read through its own ``cat_file``."""
     try:
         from fsspec.implementations.http import HTTPFileSystem
     except ImportError:  # (no aiohttp: ``fs`` is not fsspec's HTTPFileSystem)

@@ -30,6 +30,7 @@ import fsspec
 
 from . import io_stats
 from .errors import DatasetError, RemoteFileError
+from .http_ranges import cat_range, reads_itself
 from .hub_retries import hub_tries, is_hub, one_try_hub_fetch
 from .remote_errors import (
     StampUntold,
@@ -649,9 +650,7 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         def fetch_once(extra: dict[str, Any]) -> Any:
             if is_hub(self.fs):
                 return self._hub_cat_file(path, start, end, kwargs)
-            if ranged and speaks_http(self.fs):  # (read no further than asked, a 416 named)
-                from .http_ranges import cat_range  # (which names a change as this module does)
-
+            if ranged and reads_itself(self.fs):  # (read no further than asked, a 416 named)
                 pinned = self._pinned(path, {**kwargs, **extra})
                 return cat_range(self.fs, path, start, end, size=size, **pinned)  # type: ignore[arg-type]
             return self.fs.cat_file(path, start=start, end=end, **self._pinned(path, {**kwargs, **extra}))
