@@ -29,12 +29,12 @@ def configure_logging() -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (``train.py``'s ``PreemptibleLoop``), after ``step`` steps
-    (in the next one, or ``after_step``: in what follows the step, its checkpoint's save or closing the run), while
-    ``setting_up`` (before the loop: nothing trained) or while ``starting`` (the script's imports and the checks of its
-    flags: nothing read or written yet, so no checkpoint is named): unlike a preemption signal it saves nothing, so
-    the message says which checkpoint a resume continues from (and which steps it trains again); ``exit_status``
-    (``train.py``'s) logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
+    """Ctrl-C (SIGINT's KeyboardInterrupt) in a training loop (``preemption.py``'s ``PreemptibleLoop``), after
+    ``step`` steps (in the next one, or ``after_step``: in what follows the step, its checkpoint's save or closing the
+    run), while ``setting_up`` (before the loop: nothing trained) or while ``starting`` (the script's imports and the
+    checks of its flags: nothing read or written yet, so no checkpoint is named): unlike a preemption signal it saves
+    nothing, so the message says which checkpoint a resume continues from (and which steps it trains again);
+    ``exit_status`` (``train.py``'s) logs it as one line on each rank and gives 128 + SIGINT, as the shell does."""
 
     def __init__(
         self,

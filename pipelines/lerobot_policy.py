@@ -11,13 +11,13 @@ environment::
     accelerate launch pipelines/lerobot_policy.py --dataset PATH_OR_REPO --policy act --steps 20000 --device cuda \\
         --checkpoint-dir ckpt --save-every 1000 --resume
 
-Checkpoints are ``pipelines/train.py``'s: model, optimiser, schedule and RNG through accelerate, each rank's stream
-position, and the policy config, windows and image transforms they were trained with; ``--resume`` continues
-exactly where the last one stopped. So is the rest of the run's handling, from ``pipelines/train.py``'s pieces: a
-preemption signal (SIGTERM, SIGUSR1) on any rank stops every rank at the same step boundary, saves a checkpoint
-there (``--output-dir`` is left to the resumed run) and exits with status 75 (``EXIT_PREEMPTED``; rerun with
-``--resume``), and lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged
-line on each rank and exit status 2.
+Checkpoints are ``pipelines/train.py``'s (``pipelines/checkpoints.py``): model, optimiser, schedule and RNG through
+accelerate, each rank's stream position, and the policy config, windows and image transforms they were trained with;
+``--resume`` continues exactly where the last one stopped. So is the rest of the run's handling, from the pieces
+``pipelines/train.py`` uses: a preemption signal (SIGTERM, SIGUSR1) on any rank stops every rank at the same step
+boundary (``pipelines/preemption.py``), saves a checkpoint there (``--output-dir`` is left to the resumed run) and
+exits with status 75 (``EXIT_PREEMPTED``; rerun with ``--resume``), and lerobot-dali's errors about the dataset or the
+checkpoint while the run is set up are one logged line on each rank and exit status 2 (``pipelines/run_errors.py``).
 
 ``--cameras``, ``--timestamp-source`` and ``--tolerance-s`` are ``pipelines/train.py``'s (one value each), so it reads
 datasets such as ``cr5_*`` (``--timestamp-source frame_index``); the policy is built with the cameras read.
@@ -62,28 +62,22 @@ from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
+from pipelines.checkpoints import augment_signature, check_checkpoint_dir, resume_latest, staged_folder
 from pipelines.interrupts import Interrupted, configure_logging, said
+from pipelines.preemption import PreemptibleLoop
+from pipelines.progress import FiniteLoss, Throughput, log_progress
+from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
-    FiniteLoss,
-    PreemptibleLoop,
-    SetupError,
-    Throughput,
     add_reading_options,
-    augment_signature,
     camera_frames,
-    check_checkpoint_dir,
     check_decode,
     check_seed,
     data_rank,
     epoch_batches,
     exit_status,
     iterator_device,
-    log_progress,
     make_accelerator,
     read_lerobot_image_transforms,
-    resume_latest,
-    setting_up,
-    staged_folder,
 )
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
@@ -428,7 +422,7 @@ _SAVED_NAMES = (*SAVED_POLICY_FILES, "policy_preprocessor.json", "policy_preproc
 
 def save_policy(folder: Path, policy: Any, preprocessor: Any) -> None:
     """The trained ``policy`` and its ``preprocessor`` saved (LeRobot's ``save_pretrained`` layout) as ``folder``,
-    written beside it and renamed into its place once whole (:func:`~pipelines.train.staged_folder`): written in
+    written beside it and renamed into its place once whole (:func:`~pipelines.checkpoints.staged_folder`): written in
     place, a run killed in the save left a ``config.json`` without its weights (or beside the last run's), which
     LeRobot loads as a policy."""
     with staged_folder(folder) as staging:

@@ -23,7 +23,11 @@ from torch import nn
 
 from lerobot_dali.value_checks import check_int_fields
 
-__all__ = ["ChunkPolicy", "FeatureStats", "PolicyConfig", "masked_l1"]
+__all__ = ["ACTION_KEY", "STATE_KEY", "ChunkPolicy", "FeatureStats", "PolicyConfig", "masked_l1"]
+
+#: The features the policy reads, by LeRobot's names (the training scripts' checks and messages name them too).
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,8 +60,8 @@ class PolicyConfig:
     """
 
     camera_keys: tuple[str, ...]
-    state_key: str = "observation.state"
-    action_key: str = "action"
+    state_key: str = STATE_KEY
+    action_key: str = ACTION_KEY
     state_dim: int
     action_dim: int
     chunk: int

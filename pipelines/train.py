@@ -11,15 +11,17 @@ which reads episodes disjoint from the other ranks' and equally many samples per
 never given to ``accelerator.prepare``: accelerate would shard it again and each rank would keep 1/N of a
 stream that is already its own 1/N.
 
-Checkpoints: ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model, optimiser, RNG states) and
-``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position, written under a staging name and
-renamed once complete; ``CKPT/latest`` names the newest complete checkpoint and is written last, once every rank
-has saved. ``--resume`` continues from it at the
+Checkpoints (``pipelines/checkpoints.py``): ``CKPT/step_{n:08d}/state`` is ``accelerator.save_state`` (model,
+optimiser, RNG states) and ``CKPT/step_{n:08d}/stream_rank{r}.json`` is rank ``r``'s iterator position, written under
+a staging name and renamed once complete; ``CKPT/latest`` names the newest complete checkpoint and is written last,
+once every rank has saved. ``--resume`` continues from it at the
 exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
-Preemption: SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any rank stops every rank at the
-same step boundary, saves a checkpoint there and exits with status :data:`EXIT_PREEMPTED`; rerun with ``--resume``
-(:class:`PreemptibleLoop`, which ``pipelines/lerobot_policy.py``'s loop shares).
+Preemption (``pipelines/preemption.py``): SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any
+rank stops every rank at the same step boundary, saves a checkpoint there and exits with status
+:data:`~pipelines.preemption.EXIT_PREEMPTED`; rerun with ``--resume`` (:class:`~pipelines.preemption.PreemptibleLoop`,
+which ``pipelines/lerobot_policy.py``'s loop shares). The loss's checks and the progress lines are
+``pipelines/progress.py``'s, the errors said in one line ``pipelines/run_errors.py``'s.
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
@@ -42,15 +44,11 @@ import contextlib
 import json
 import logging
 import os
-import pickle
-import re
-import shutil
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,17 +67,19 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from lerobot_dali.cache_dirs import write_whole
 from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
 from lerobot_dali.decode_route import DecodePreference
-from lerobot_dali.errors import CudaUnavailableError, DatasetError, ResumeStateError, ShardingError, StatsError
+from lerobot_dali.errors import StatsError
 from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
-from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
+from pipelines.checkpoints import augment_signature, check_checkpoint_dir, latest_saved_step, resume_latest
 from pipelines.interrupts import Interrupted, configure_logging, said
-from pipelines.policy import ChunkPolicy, FeatureStats, PolicyConfig
+from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
+from pipelines.preemption import PREEMPTION_SIGNALS, Preempted, PreemptibleLoop
+from pipelines.progress import FiniteLoss, RunRecord, Throughput, log_progress
+from pipelines.run_errors import RunRefused, SetupError, setting_up
 
 if TYPE_CHECKING:
     from lerobot_dali.augment_config import AugmentConfig
@@ -91,14 +91,8 @@ _DEVICES = ("cpu", "cuda")
 _PRECISIONS = ("no", "fp16", "bf16")
 DEFAULT_CHUNK = 10
 """Actions per sample when neither ``--chunk`` nor a recipe's ``[action]`` window says."""
-STATE_KEY = "observation.state"
-ACTION_KEY = "action"
-#: Exit status of a run stopped by a preemption signal once its checkpoint is saved (sysexits' EX_TEMPFAIL: try
-#: again later), so a job script can tell it from a failure and relaunch with ``--resume``.
-EXIT_PREEMPTED = 75
-#: What schedulers send before they kill a job: SIGTERM (SLURM at the time limit or scancel, Kubernetes, spot
-#: instances' shutdown, torchrun passing on its own), SIGUSR1 (SLURM's ``--signal``, ahead of time).
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: What to do about a loss that is not finite, in ``train.py``'s flags (:class:`FiniteLoss`' ``remedy``).
+NOT_FINITE_REMEDY = "mend the data files or train on episodes without such rows (--episodes), or lower --lr"
 #: The largest ``--seed``: accelerate's ``set_seed`` seeds numpy's legacy generator, which takes 0 to 2**32 - 1.
 MAX_SEED = 2**32 - 1
 
@@ -808,27 +802,6 @@ def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
     return sum(int(np.prod(batch[k].shape[: batch[k].ndim - 3])) for k in camera_keys)
 
 
-# -- checkpoints ----------------------------------------------------------------------------------------------
-def _fsync(path: str | Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sync_tree(directory: Path) -> None:
-    """fsync every file under ``directory`` and every folder (a folder's entries are the renames into it).
-
-    Every rank syncs the whole tree: which files a rank wrote depends on accelerate's backend (DDP: rank 0 the
-    model, each rank its RNG file; FSDP and DeepSpeed: shards per rank), and a shared filesystem may flush only
-    the writer's own writes. It costs each rank one fsync per file of the checkpoint, in parallel."""
-    for folder, _, names in os.walk(directory):
-        for name in names:
-            _fsync(os.path.join(folder, name))
-        _fsync(folder)
-
-
 def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
     """What the policy's shapes follow (windows, image size, cameras) and the frames' augmentation, as a checkpoint
     records them: a resume with other ones fails naming them, not inside ``load_state_dict`` or, where the shapes
@@ -843,666 +816,14 @@ def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
     return json.loads(json.dumps(signature))  # as read back: lists, not tuples
 
 
-def augment_signature(augment: AugmentConfig | None) -> dict[str, Any] | None:
-    """The augmentation as a checkpoint records it (this script's and ``lerobot_policy.py``'s): as mapped, so that
-    configs of other forms that configure the same compare equal, and None for one that augments nothing."""
-    from lerobot_dali.augment_config import AugmentConfig
-
-    return None if augment is None or augment == AugmentConfig() else augment.to_dict()
-
-
-def save_checkpoint(
-    accelerator: Any,
-    root: Path,
-    step: int,
-    iterator: Any,
-    data: Mapping[str, Any] | None = None,
-    *,
-    stream: Mapping[str, Any] | None = None,
-) -> Path:
-    """Model, optimiser and RNG via accelerate; this rank's stream position (``stream``, where a batch was taken
-    since the step: else ``iterator.state_dict()``) and ``data`` (:func:`data_signature`); then ``latest`` once all
-    have saved.
-
-    The ranks write ``.step_{n:08d}.partial``, which becomes ``step_{n:08d}`` once every file is on disk: a step
-    saved before (by a run stopped before ``latest`` named it, maybe on more ranks) is replaced whole, never
-    written over in place, where its other ranks' files (``random_states_{r}.pkl``, ``stream_rank{r}.json``)
-    would stay beside the new ones and be loaded by a later resume on that many ranks."""
-    directory = root / f"step_{step:08d}"
-    staging = _staging(directory)
-    if accelerator.is_main_process:
-        shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging / "state"))
-    position = iterator.state_dict() if stream is None else dict(stream)
-    saved = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": position}
-    if data is not None:
-        saved["data"] = dict(data)
-    write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
-    accelerator.wait_for_everyone()
-    _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        _replace_folder(staging, directory)
-        write_whole(root / "latest", directory.name.encode())
-        _fsync(root)  # the rename of latest itself
-        logger.info("saved checkpoint %s", directory)
-    accelerator.wait_for_everyone()
-    return directory
-
-
-@contextlib.contextmanager
-def staged_folder(directory: Path) -> Iterator[Path]:
-    """A new folder to write ``directory``'s files into (``.<name>.partial`` beside it; one a killed run left is
-    removed first) that replaces ``directory`` whole once the block ends, every file on disk first (as
-    :func:`save_checkpoint` publishes a checkpoint): a crash or a signal mid-write leaves the old folder, never a
-    half-written one that a later run reads as whole. Removed where the block raises. One process writes it.
-    ``directory`` a symbolic link: the folder it leads to is replaced, the link kept (the link itself was: the next
-    replace failed with NotADirectoryError, on the link set aside)."""
-    directory = Path(os.path.realpath(directory))  # ('.' has no name to write beside; a link's folder is replaced)
-    staging = _staging(directory)
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        yield staging
-        _sync_tree(staging)
-        _replace_folder(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _staging(directory: Path) -> Path:
-    """Where :func:`save_checkpoint` and :func:`staged_folder` write ``directory`` until it is whole."""
-    return directory.with_name(f".{directory.name}.partial")
-
-
-def _replace_folder(staging: Path, directory: Path) -> None:
-    """Rename ``staging`` to ``directory``, an earlier ``directory`` set aside first and removed after (put back where
-    the second rename fails or is interrupted: ``directory`` is never left missing)."""
-    old = _set_aside(directory)
-    _put_back(directory)  # (a run killed between the two renames)
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        directory.rename(old)
-    try:
-        staging.rename(directory)
-    except BaseException:
-        _put_back(directory)
-        raise
-    _fsync(directory.parent)  # both renames
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _set_aside(directory: Path) -> Path:
-    """Where :func:`_replace_folder` keeps ``directory`` while its new copy is renamed into its place."""
-    return directory.with_name(f".{directory.name}.replaced")
-
-
-def _put_back(directory: Path) -> None:
-    """``directory`` set aside by a :func:`_replace_folder` killed before its new copy took its place (SIGKILL, a
-    power cut between the two renames): renamed back, whole, where ``directory`` is missing. Left there, the next
-    replace deleted it, and a resume found no checkpoint where ``latest`` pointed, nor a policy in ``--output-dir``."""
-    old = _set_aside(directory)
-    if old.is_dir() and not (directory.exists() or directory.is_symlink()):
-        with contextlib.suppress(FileNotFoundError):  # (another rank put it back meanwhile)
-            old.rename(directory)
-
-
-def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
-    """``root`` as ``--checkpoint-dir``: a folder this process can write or make (else a save would fail only after
-    ``--save-every`` steps of training; made by the first save, so a run that fails before leaves none behind), and,
-    without ``--resume``, holding no checkpoint: a run from step 0 would replace that run's ``latest`` at its first
-    save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress); with ``--resume``,
-    a ``latest`` that names no checkpoint (:func:`latest_checkpoint`)."""
-    refuse_unwritable("--checkpoint-dir", root)
-    marker = root / "latest"
-    if resume:
-        latest_checkpoint(root)  # (one it cannot resume from: refused before any dataset opens)
-    elif _stands(marker):
-        name = marker.read_text(errors="replace").strip() if marker.is_file() else "its 'latest' not a file"
-        raise FileExistsError(
-            f"--checkpoint-dir {root} holds a checkpoint ({name}): pass --resume to continue that run, or give "
-            "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
-        )
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint ``root/latest`` names, None where there is no ``latest``; :class:`RunRefused` where it names no
-    checkpoint of ``root`` (``step_NNNNNNNN`` with its ``stream_rank0.json``): edited, or another tool's file. Each
-    was a traceback once the dataset had opened (a ``FileNotFoundError``; a ``latest`` that is a folder: after
-    training, at the first save)."""
-    marker = root / "latest"
-    if not _stands(marker):
-        return None
-    name = marker.read_text(errors="replace").strip() if marker.is_file() else None
-    if name is not None and re.fullmatch(r"step_\d{8}", name):
-        _put_back(root / name)
-    if name is None or not re.fullmatch(r"step_\d{8}", name) or not (root / name / "stream_rank0.json").is_file():
-        said = "is not a file" if name is None else f"names {name!r}, no checkpoint there"
-        raise RunRefused(
-            f"--checkpoint-dir {root}: its 'latest' {said} (a step_NNNNNNNN folder with stream_rank0.json): write the "
-            "name of a complete checkpoint of it there, or give a new --checkpoint-dir"
-        )
-    return root / name
-
-
-def _stands(marker: Path) -> bool:
-    """Whether ``marker`` (``latest``) is there, a link to nothing included: one was taken for no checkpoint, so
-    ``--resume`` started from step 0 (a warning), and its first save replaced the run's checkpoints."""
-    return marker.exists() or marker.is_symlink()
-
-
-def latest_saved_step(root: Path | None) -> int | None:
-    """The step of the checkpoint ``--resume`` continues from (``latest`` as on disk: a rank interrupted in a save's
-    last barrier may not know it is complete), None where there is none (or one that names no step) or no ``root``."""
-    marker = root / "latest" if root is not None else None
-    try:  # (a Ctrl-C's line: a 'latest' that names no step names none, said where a resume reads it)
-        name = marker.read_text(errors="replace").strip() if marker is not None and marker.is_file() else ""
-    except OSError:
-        return None
-    step = re.fullmatch(r"step_(\d{8})", name)
-    return int(step.group(1)) if step else None
-
-
-def _read_checkpoint(path: Path, load: Callable[[], Any], errors: tuple[type[Exception], ...] = ()) -> Any:
-    """``load()``, which reads ``path`` (a rank's stream file, or accelerate's ``state``); :class:`RunRefused` naming it
-    where it fails with an OSError, ValueError (bad JSON too) or one of ``errors``: a checkpoint damaged (a file
-    missing, cut short or edited) or another program's. Each was a traceback."""
-    caught: tuple[type[Exception], ...] = (OSError, ValueError, *errors)
-    try:
-        return load()
-    except caught as e:
-        first = (str(e).strip() or type(e).__name__).splitlines()[0]
-        step = next((p for p in path.parents if re.fullmatch(r"step_\d{8}", p.name)), path.parent)
-        raise RunRefused(
-            f"{path} cannot be read ({type(e).__name__}: {first}): the checkpoint is damaged or not this script's; "
-            f"resume from an earlier one (write its folder's name into {step.parent / 'latest'}) or give a "
-            "new --checkpoint-dir"
-        ) from e
-
-
-def _stream_file(path: Path) -> dict[str, Any]:
-    """A rank's stream file as :func:`save_checkpoint` writes it (``step``, ``stream``); :func:`_read_checkpoint`."""
-
-    folder = re.fullmatch(r"step_(\d{8})", path.parent.name)
-
-    def load() -> dict[str, Any]:
-        saved = json.loads(path.read_text())
-        if not (
-            isinstance(saved, dict) and is_int(saved.get("step")) and saved["step"] >= 0
-            and isinstance(saved.get("stream"), dict) and isinstance(saved.get("data", {}), dict)
-        ):  # fmt: skip
-            raise ValueError("not a stream file: expected an int 'step' >= 0, a 'stream' object and a 'data' object")
-        if folder is not None and int(folder.group(1)) != saved["step"]:  # (a folder renamed, or a file copied in)
-            raise ValueError(f"its step {saved['step']} is not its folder's ({path.parent.name})")
-        return saved
-
-    return _read_checkpoint(path, load)
-
-
-#: What a file of torch.load raises, cut short or not one (besides OSError and ValueError): an empty file's EOFError,
-#: a pickle's UnpicklingError, a zip archive's RuntimeError.
-_TORCH_LOAD_ERRORS: tuple[type[Exception], ...] = (RuntimeError, pickle.UnpicklingError, EOFError)
-
-#: The random states accelerate's ``save_state`` writes for every rank (Python's, NumPy's, torch's CPU generator).
-_RANDOM_STATES = ("random_state", "numpy_random_seed", "torch_manual_seed")
-
-
-def _load_state(accelerator: Any, directory: Path, *, rank: int, saved_world_size: Any) -> None:
-    """``accelerator.load_state`` of the checkpoint ``directory``, by :func:`_read_checkpoint` (a file missing or cut
-    short: accelerate's OSError or ValueError, safetensors' own error, torch's RuntimeError of a model of other shapes),
-    this rank's random states checked first (:func:`_check_random_states`).
-    """
-    from safetensors import SafetensorError
-
-    state = directory / "state"
-    _check_random_states(state, rank=rank, saved_world_size=saved_world_size)
-    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (*_TORCH_LOAD_ERRORS, SafetensorError))
-
-
-def _check_random_states(state: Path, *, rank: int, saved_world_size: Any) -> None:
-    """:class:`RunRefused` naming ``random_states_{rank}.pkl`` in accelerate's ``state`` folder where it is cut short,
-    not accelerate's, or missing while the checkpoint was saved on this rank: accelerate's ``load_state`` skipped it
-    with an INFO line, and the run resumed with its random generators as they stood, not as saved (other dropout,
-    other noise), unsaid. A rank the saved run did not have (more ranks now) has none to load: said in a warning."""
-    from accelerate.utils import load
-
-    path = state / f"random_states_{rank}.pkl"
-    saved_here = rank < saved_world_size if is_int(saved_world_size) else rank == 0
-    if not path.is_file():
-        if not saved_here:
-            logger.warning(
-                "rank %d: the checkpoint %s was saved on %s rank(s) and holds no random states for this one: its "
-                "random generators start as a new run's", rank, state.parent, saved_world_size,
-            )  # fmt: skip
-            return
-        if not (state.is_dir() and any(state.iterdir())):
-            return  # (no accelerate state at all: load_state says so)
-
-    def read() -> dict[str, Any]:
-        states = load(path)
-        if not (isinstance(states, dict) and all(key in states for key in _RANDOM_STATES)):
-            raise ValueError(f"not accelerate's random states: expected a dict of {', '.join(_RANDOM_STATES)}")
-        return states
-
-    states = _read_checkpoint(path, read, _TORCH_LOAD_ERRORS)
-    saved_gpus = len(states.get("torch_cuda_manual_seed") or ())
-    if torch.cuda.is_available() and saved_gpus != torch.cuda.device_count():  # (accelerate skips them: INFO alone)
-        logger.warning(
-            "%s holds the random states of %d CUDA device(s), this process sees %d: the CUDA generators (dropout, "
-            "noise drawn on the GPU) start as a new run's; resume where the run saved for the same draws",
-            path, saved_gpus, torch.cuda.device_count(),
-        )  # fmt: skip
-
-
-def _saved_world_size(saved: Mapping[str, Any]) -> Any:
-    """The world size a rank's stream file was written at (a mixture's stream state holds one per dataset)."""
-    return saved.get("world_size", saved["stream"].get("world_size"))
-
-
-def _gathered_stream(directory: Path, saved: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``saved``'s stream state with every old rank's pool walk (:func:`~lerobot_dali.stream_state.merge_rank_states`,
-    each dataset's in a mixture), so a resume on another world size replays none of their pools (4.6 s of CPU per
-    rank at 95% of an epoch of 92,000 episodes saved on 8 ranks); as saved where a rank's file is missing or another
-    run's."""
-    world_size = _saved_world_size(saved)
-    if world_size > sum(1 for _ in directory.glob("stream_rank*.json")):  # (an edited one: 10**12 paths were made)
-        return saved["stream"]
-    files = [directory / f"stream_rank{rank}.json" for rank in range(world_size)]
-    if not all(path.is_file() for path in files):
-        return saved["stream"]
-    try:
-        return _merged([json.loads(path.read_text())["stream"] for path in files])
-    except (ValueError, KeyError, IndexError, TypeError) as e:  # (ResumeStateError and JSON's errors are ValueErrors)
-        logger.debug("the old ranks' stream states in %s are not one run's (%s): their pools replay", directory, e)
-        return saved["stream"]
-
-
-def _merged(streams: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-    """The ranks' ``streams`` as one (:func:`_gathered_stream`): a mixture's dataset by dataset."""
-    first = streams[0]
-    if "datasets" not in first:
-        return merge_rank_states(streams)
-    mixtures = [{k: v for k, v in stream.items() if k != "datasets"} for stream in streams]
-    if any(mixture != mixtures[0] for mixture in mixtures) or len({len(s["datasets"]) for s in streams}) != 1:
-        raise ResumeStateError(f"the old ranks' mixture states differ, not one run's: {mixtures}")
-    datasets = [_merged([stream["datasets"][i] for stream in streams]) for i in range(len(first["datasets"]))]
-    return {**first, "datasets": datasets}
-
-
-#: The flags that set what a checkpoint's data must match (windows, image size, cameras, augmentation), named when it
-#: does not.
-DATA_OPTIONS = "--recipe, --chunk, --image-size, --cameras and --augment"
-
-
-def restore_checkpoint(
-    accelerator: Any,
-    directory: Path,
-    iterator: Any,
-    data: Mapping[str, Any] | None = None,
-    *,
-    data_options: str = DATA_OPTIONS,
-) -> int:
-    """This rank's stream position, then model/optimiser/RNG; returns the step the checkpoint was taken at.
-
-    The data side goes first: a checkpoint of other episodes or (``data``, :func:`data_signature`) other
-    windows, image size, cameras or augmentation fails naming that (and ``data_options``, the flags that set them),
-    before the model's shapes fail to load.
-    After a world-size change a new rank may have no file of its own; any old rank's position serves, since
-    all old ranks consumed equally many samples and the iterator re-shards the rest of the epoch; every old rank's
-    file gives its pool walk (:func:`_gathered_stream`), so none of their pools is replayed.
-    """
-    first = _stream_file(directory / "stream_rank0.json")
-    own = directory / f"stream_rank{iterator.rank}.json"
-    saved = _stream_file(own) if own.is_file() else first
-    if _saved_world_size(saved) != _saved_world_size(first):
-        saved = first  # a file left by a run of another world size that wrote this step before (and crashed)
-    recorded = saved.get("data")
-    if data is not None and recorded is not None:
-        differ = sorted(k for k in data.keys() & recorded.keys() if data[k] != recorded[k])  # (keys added later)
-        if differ:
-            raise RunRefused(
-                f"{directory} was trained with other {', '.join(differ)} ("
-                + "; ".join(f"{k}: saved {recorded[k]}, now {data[k]}" for k in differ)
-                + f"): resume with the same {data_options}, or start in a new "
-                "--checkpoint-dir"
-            )
-    stream = saved["stream"]
-    world_size = _saved_world_size(saved)
-    if is_int(world_size) and world_size != iterator.world_size:
-        stream = _gathered_stream(directory, saved)
-    iterator.load_state_dict(stream)
-    _load_state(accelerator, directory, rank=iterator.rank, saved_world_size=_saved_world_size(saved))
-    logger.info("resumed from %s at step %d (rank %d)", directory, saved["step"], iterator.rank)
-    return int(saved["step"])
-
-
-def resume_latest(
-    accelerator: Any,
-    root: Path,
-    iterator: Any,
-    data: Mapping[str, Any] | None,
-    *,
-    steps: int,
-    data_options: str = DATA_OPTIONS,
-) -> int:
-    """The step to go on from: the latest checkpoint's under ``root``, restored (:func:`restore_checkpoint`), or 0
-    where there is none yet (the first launch of a job that resumes itself after preemption)."""
-    directory = latest_checkpoint(root)
-    if directory is None:
-        logger.warning("no checkpoint in %s: starting from step 0", root.resolve())
-        return 0
-    step = restore_checkpoint(accelerator, directory, iterator, data, data_options=data_options)
-    if step >= steps:
-        logger.warning(
-            "the checkpoint is at step %d and --steps is %d: nothing to train (--steps counts from the start of "
-            "training, not from the checkpoint)", step, steps,
-        )  # fmt: skip
-    return step
-
-
-# -- throughput -----------------------------------------------------------------------------------------------
-@dataclass
-class Throughput:
-    """Samples and decoded frames per second of this rank since the last report, and the share spent waiting
-    for data (near 0 when the input pipeline keeps up with the model)."""
-
-    samples: int = 0
-    frames: int = 0
-    wait_s: float = 0.0
-    since: float = field(default_factory=time.perf_counter)
-
-    def add(self, samples: int, frames: int, wait_s: float) -> None:
-        self.samples += samples
-        self.frames += frames
-        self.wait_s += wait_s
-
-    def report(self) -> tuple[float, float, float]:
-        """``(samples/s, frames/s, data-wait fraction)``, then start a new window."""
-        elapsed = max(time.perf_counter() - self.since, 1e-9)
-        out = (self.samples / elapsed, self.frames / elapsed, self.wait_s / elapsed)
-        self.samples, self.frames, self.wait_s, self.since = 0, 0, 0.0, time.perf_counter()
-        return out
-
-
-@dataclass
-class RunRecord:
-    """What ``--record`` writes per rank: per step, the epoch, the dataset ``index`` values consumed and the
-    local loss; the shape of every tensor of the first batch; at the end, per parameter tensor the sum of
-    absolute values (equal on all ranks under DDP)."""
-
-    first_step: int
-    batch_shapes: dict[str, list[int]] = field(default_factory=dict)
-    epochs: list[int] = field(default_factory=list)
-    indices: list[torch.Tensor] = field(default_factory=list)
-    #: A mixture's: per step the ``dataset_index`` of each sample (whose ``index`` it is).
-    dataset_indices: list[torch.Tensor] = field(default_factory=list)
-    losses: list[torch.Tensor] = field(default_factory=list)
-
-    def write(self, directory: Path, *, rank: int, world_size: int, model: torch.nn.Module) -> None:
-        """Tensors are kept on the device during the run and read back here, so recording adds no per-step sync."""
-        directory.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "rank": rank,
-            "world_size": world_size,
-            "first_step": self.first_step,
-            "epochs": self.epochs,
-            "batch_shapes": self.batch_shapes,
-            "indices": [t.cpu().tolist() for t in self.indices],
-            "dataset_indices": [t.cpu().tolist() for t in self.dataset_indices],
-            "losses": [float(t) for t in self.losses],
-            "param_abs_sums": [float(p.detach().double().abs().sum()) for p in model.parameters()],
-        }
-        write_whole(directory / f"rank{rank}.json", json.dumps(payload).encode())
-
-
-# -- set-up errors --------------------------------------------------------------------------------------------
-#: The library's own errors about what the run reads (:mod:`lerobot_dali.errors`: a dataset path that does not exist,
-#: a ``--cameras`` key or ``--episodes`` index the dataset lacks, a checkpoint's stream of other episodes, ``--device
-#: cuda`` where no GPU is seen): raised while the run is set up, each is the user's to fix and its message says how.
-#: Anything else (a bug) keeps its traceback. With them this script's own refusals of what the run reads
-#: (:class:`RunRefused`).
-class RunRefused(ValueError):
-    """What the run reads cannot be trained on as asked (datasets of different fps or of no shared camera, no
-    state or action feature), differs from the checkpoint resumed (other windows, image size, cameras or
-    augmentation), holds no full batch in an epoch or makes a loss that is not finite; the message says what to
-    change."""
-
-
-SETUP_ERRORS: tuple[type[Exception], ...] = (
-    DatasetError, ShardingError, ResumeStateError, CudaUnavailableError, RunRefused
-)  # fmt: skip
-
-
-class SetupError(Exception):
-    """An error of :data:`SETUP_ERRORS` before training started; :func:`exit_status` logs it as one line (each rank
-    its own) and gives status 2, as for a flag's mistake."""
-
-
-#: Set-up errors said without their type: about the command itself, as ``lerobot-dali`` says a GPU it lacks.
-_SAID_UNTYPED = (RunRefused, CudaUnavailableError)
-
-
-@contextlib.contextmanager
-def setting_up() -> Iterator[None]:
-    """Around a run's set-up (datasets, iterator, model, resume): an error of :data:`SETUP_ERRORS` raised there, or a
-    PermissionError (a file of the dataset or the checkpoint this user may not read), becomes a :class:`SetupError`,
-    whose message names the error type first (``DatasetNotFoundError: dataset 'x' not found ...``), as the
-    ``lerobot-dali`` command prints it."""
-    try:
-        yield
-    except SETUP_ERRORS as e:
-        raise SetupError(str(e) if isinstance(e, _SAID_UNTYPED) else f"{type(e).__name__}: {e}") from e
-    except PermissionError as e:  # (a dataset's file this user may not read: a traceback on every rank)
-        raise SetupError(f"{type(e).__name__}: {e}: give this user access to it and the folders above it") from e
-
-
-# -- preemption -----------------------------------------------------------------------------------------------
-class Preempted(Exception):
-    """A training loop (:class:`PreemptibleLoop`) stopped early on a preemption signal, every rank at ``step`` (saved
-    in ``checkpoint`` where there is a ``--checkpoint-dir``); :func:`exit_status` gives :attr:`exit_status`."""
-
-    def __init__(self, signum: int, step: int, checkpoint: Path | None) -> None:
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        super().__init__(f"{signal.Signals(signum).name}: every rank stopped at step {step}")
-
-    @property
-    def exit_status(self) -> int:
-        """:data:`EXIT_PREEMPTED` with a checkpoint to resume from; without, 128 + the signal, as the signal itself
-        would have ended the process."""
-        return EXIT_PREEMPTED if self.checkpoint is not None else 128 + self.signum
-
-
-class PreemptionNotice:
-    """Once installed: :data:`PREEMPTION_SIGNALS` are noted (they no longer end the process) and :meth:`agreed` tells
-    every rank, at the same point of the same step, whether any rank has received one.
-
-    A signal often reaches one rank, or reaches the ranks at different steps (SLURM signals the processes one by
-    one, a spot instance's notice ends one node's ranks only); a rank that stopped alone would leave the others
-    waiting in the gradients' all-reduce or the checkpoint's barrier. The handler only notes the signal: the loop
-    acts on it between steps. SIGINT (Ctrl-C) keeps its KeyboardInterrupt. Outside the main thread (where Python
-    takes no signal handlers) nothing is installed.
-
-    Several ranks agree through an all-reduce (max) of the signal's number each step: on the CPU, on gloo (the
-    process group's own where it is gloo, else a gloo group made for it), so it waits for no GPU work; its cost is
-    one small message's round trip a step.
-    """
-
-    def __init__(self, world_size: int) -> None:
-        self.received = 0
-        self._group: Any = None
-        self._previous: dict[int, Any] = {}
-        import torch.distributed as dist
-
-        self._agree = world_size > 1 and dist.is_available() and dist.is_initialized()
-        if world_size > 1 and not self._agree:  # (accelerate on TPUs: ranks without torch.distributed)
-            logger.warning("no torch.distributed process group: each rank stops on its own signals")
-        if self._agree and dist.get_backend() != "gloo":
-            self._group = dist.new_group(backend="gloo")  # (a collective: every rank makes it here)
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in PREEMPTION_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._note)
-
-    def uninstall(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-    def _note(self, signum: int, frame: object) -> None:
-        self.received = self.received or signum  # (the first: SLURM's early SIGUSR1, then its SIGTERM)
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received else "no signal"
-
-    def agreed(self) -> int:
-        """The signal any rank has received (the highest number where several), 0 for none; every rank must call
-        it at the same point (a collective)."""
-        if not self._agree:
-            return self.received
-        import torch.distributed as dist
-
-        flag = torch.tensor([self.received], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return int(flag.item())
-
-
-class PreemptibleLoop:
-    """A training loop's side of preemption (``train.py``'s and ``lerobot_policy.py``'s): on a preemption signal
-    (:class:`PreemptionNotice`) every rank stops at one step boundary and saves a checkpoint there, with the stream
-    position before the batch it did not train on; once the run is closed, :meth:`finishing` raises :class:`Preempted`::
-
-        loop = PreemptibleLoop(accelerator, iterator, step=step, checkpoint_dir=checkpoint_dir, data=data)
-        with contextlib.closing(iterator), loop:  # (the signals are noted from here on)
-            while step < steps:
-                got = loop.next_batch(batches, step)
-                if got is None:  # every rank stops here
-                    break
-                ...  # the step
-                step += 1
-                loop.save_if_due(step, steps=steps, save_every=save_every)
-            loop.stop(step)
-        with loop.finishing(step):
-            accelerator.end_training()
-    """
-
-    def __init__(
-        self,
-        accelerator: Any,
-        iterator: Any,
-        *,
-        step: int,
-        checkpoint_dir: Path | None,
-        data: Mapping[str, Any],
-        losses: FiniteLoss | None = None,
-    ) -> None:
-        self.accelerator, self.iterator, self.checkpoint_dir, self.data = accelerator, iterator, checkpoint_dir, data
-        self.losses = losses  # (checked before each save: no checkpoint of weights a loss not finite has stepped)
-        self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
-        self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
-        self.stopped_by = 0
-        self.step = step  # (the steps trained: a Ctrl-C's Interrupted names the next, or this one where after_step)
-        self.after_step = False  # (past the step's training: in its save, or after the last)
-        self.checkpoint: Path | None = None
-        self._position: dict[str, Any] | None = None
-
-    def __enter__(self) -> PreemptibleLoop:
-        self.notice.install()
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
-        if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
-            self.notice.uninstall()
-        self._interrupted(error, step=self.step, after_step=self.after_step)  # (Ctrl-C: say how to go on)
-
-    def _interrupted(self, error: BaseException | None, *, step: int, after_step: bool) -> None:
-        """Where ``error`` is a Ctrl-C (a plain KeyboardInterrupt), raise :class:`Interrupted`: one line that says
-        which checkpoint a resume continues from, not a traceback."""
-        if isinstance(error, KeyboardInterrupt) and not isinstance(error, Interrupted):
-            raise Interrupted(
-                step, latest_saved_step(self.checkpoint_dir), self.checkpoint_dir, after_step=after_step
-            ) from None
-
-    def next_batch(
-        self, batches: Iterator[tuple[dict[str, Any], float]], step: int
-    ) -> tuple[dict[str, Any], float] | None:
-        """The next ``(batch, wait_s)`` of ``batches`` (:func:`epoch_batches`), step ``step + 1``'s, or None where
-        every rank stops at this boundary (a collective: every rank calls it once a step)."""
-        self.step, self.after_step = step, False
-        self._position = self.iterator.state_dict()  # the stream here: a preemption's checkpoint takes no batch more
-        got = None
-        try:
-            if not self.notice.received:
-                got = next(batches)
-        except Exception as e:
-            if not self.notice.received:
-                raise
-            # (A signal sent to the process group, as torchrun sends it, or to every process, as SLURM does, ends
-            # the DALI workers too. The batch is read again on resume: the position is before it.)
-            logger.warning(
-                "rank %d: reading the batch of step %d failed after %s (%s: %s); the resumed run reads it",
-                self.iterator.rank, step + 1, self.notice.name, type(e).__name__, str(e).partition(". ")[0],
-            )  # fmt: skip
-        self.stopped_by = self.notice.agreed()
-        if self.stopped_by:
-            return None
-        assert got is not None  # (no rank had a signal: this one read its batch)
-        return got
-
-    def save_if_due(self, step: int, *, steps: int, save_every: int) -> None:
-        """After step ``step`` of ``steps``, with a checkpoint folder: the checkpoint at the last step and every
-        ``save_every`` steps (0: at the last only)."""
-        # (trained: a Ctrl-C in the save counts it among the steps trained again, and says it came after it)
-        self.step, self.after_step = step, True
-        if self.checkpoint_dir is not None and (step == steps or (save_every and step % save_every == 0)):
-            self._check_losses(step)
-            save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data)
-            self.saved = step
-
-    def stop(self, step: int) -> None:
-        """After the loop: where it stopped on a signal, with a checkpoint folder, the checkpoint at ``step`` (unless
-        saved there already)."""
-        if self.stopped_by and self.checkpoint_dir is not None:
-            self.checkpoint = self.checkpoint_dir / f"step_{step:08d}"
-            if self.saved != step:
-                self._check_losses(step)
-                save_checkpoint(
-                    self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position
-                )
-
-    def _check_losses(self, step: int) -> None:
-        if self.losses is not None:
-            self.losses.check(step)
-
-    @contextlib.contextmanager
-    def finishing(self, step: int) -> Iterator[None]:
-        """Around closing the run (every rank: saving, ``end_training``); after it, where the loop stopped on a
-        signal, raise :class:`Preempted`, rank 0 logging how to go on (the handlers stay, for :func:`exit_status` to
-        ignore the signals from here on); else, or where closing raised, the signals' own handlers come back."""
-        try:
-            yield
-        except BaseException as error:
-            self.notice.uninstall()
-            self._interrupted(error, step=step, after_step=True)  # (a Ctrl-C closing the run: one line, as in the loop)
-            raise
-        if self.stopped_by:
-            preempted = Preempted(self.stopped_by, step, self.checkpoint)
-            if self.accelerator.is_main_process:
-                log_preemption(preempted)
-            raise preempted
-        self.notice.uninstall()
-
-
 # -- training -------------------------------------------------------------------------------------------------
 def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
 
     Once training has started, a preemption signal (:class:`PreemptibleLoop`) stops every rank at one step boundary,
     saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed. An
-    error of :data:`SETUP_ERRORS` before the first step raises :class:`SetupError` (:func:`setting_up`)."""
+    error of :data:`~pipelines.run_errors.SETUP_ERRORS` before the first step raises :class:`SetupError`
+    (:func:`setting_up`)."""
     from accelerate.utils import set_seed
 
     from lerobot_dali.key_rename import KeyRename
@@ -1542,7 +863,7 @@ def train(options: TrainOptions) -> int:
     meter = Throughput()
     model.train()
     batches = epoch_batches(iterator)
-    losses = FiniteLoss(accelerator, options.checkpoint_dir)
+    losses = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
     loop = PreemptibleLoop(
         accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=losses
     )
@@ -1584,105 +905,6 @@ def train(options: TrainOptions) -> int:
         accelerator.wait_for_everyone()
         accelerator.end_training()
     return step - start_step
-
-
-def log_preemption(preempted: Preempted) -> None:
-    """The line that says how to go on after :class:`Preempted` (rank 0's)."""
-    if preempted.checkpoint is None:
-        logger.warning(
-            "%s; no checkpoint can be saved without --checkpoint-dir: a new run starts from step 0 (exit status %d)",
-            preempted, preempted.exit_status,
-        )  # fmt: skip
-    else:
-        logger.warning(
-            "%s and saved %s: to continue from it, run the same command with --resume (exit status %d)",
-            preempted, preempted.checkpoint, preempted.exit_status,
-        )  # fmt: skip
-
-
-#: Why a loss is not finite (:class:`FiniteLoss`).
-_NOT_FINITE_CAUSE = (
-    f"held NaN or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
-    "them), or training diverged, and the weights are NaN from there on"
-)
-#: What to do about a loss that is not finite, in ``train.py``'s flags (:class:`FiniteLoss`' ``remedy``).
-NOT_FINITE_REMEDY = "mend the data files or train on episodes without such rows (--episodes), or lower --lr"
-
-
-class FiniteLoss:
-    """Whether every rank's loss has been finite so far, checked (:meth:`check`) where ``train.py`` logs, before each
-    checkpoint's save and at the end of the run; a loss that was not is refused (:class:`RunRefused`, naming its step
-    and the last checkpoint saved before it): the weights its gradient stepped are NaN from then on, and a checkpoint
-    of them would be resumed from.
-
-    Each step (:meth:`note`) the first step whose loss is not finite is kept on the loss's device (``torch.where``: a
-    few kernels, no wait for the device); only :meth:`check` reads it back, once, after gathering every rank's (a
-    collective: every rank checks at the same steps and reaches the same verdict). ``remedy`` says what to do, in the
-    flags of the script whose loop it checks (:data:`NOT_FINITE_REMEDY`: ``train.py``'s)."""
-
-    def __init__(self, accelerator: Any, checkpoint_dir: Path | None, *, remedy: str = NOT_FINITE_REMEDY) -> None:
-        self.accelerator, self.checkpoint_dir, self.remedy = accelerator, checkpoint_dir, remedy
-        self.first_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)  # (0: none)
-        self.first_loss = torch.zeros((), dtype=torch.float32, device=accelerator.device)
-        self.checked: int | None = None  # (the step checked last)
-
-    def note(self, loss: torch.Tensor, step: int) -> None:
-        """Note step ``step``'s ``loss`` (a scalar, on the device the accelerator's)."""
-        loss = loss.detach().float()
-        first = ~torch.isfinite(loss) & (self.first_step == 0)
-        self.first_step = torch.where(first, step, self.first_step)
-        self.first_loss = torch.where(first, loss, self.first_loss)
-
-    def check(self, step: int) -> None:
-        """:class:`RunRefused` where a loss noted through step ``step`` on any rank was not finite (every rank must
-        call it at the same steps: a collective; a second call at ``step`` is none)."""
-        if step == self.checked:
-            return
-        none = torch.iinfo(torch.int64).max
-        steps = self.accelerator.gather(self.first_step).reshape(-1)  # (by rank)
-        steps = torch.where(steps > 0, steps, none)
-        earliest = int(steps.min())  # (the one value read back)
-        if earliest != none:
-            losses = self.accelerator.gather(self.first_loss).reshape(-1)
-            raise self._refusal(earliest, float(losses[torch.argmin(steps)]))
-        self.checked = step
-
-    def _refusal(self, step: int, loss: float) -> RunRefused:
-        if self.checkpoint_dir is None:
-            resume = "no checkpoint is saved without --checkpoint-dir"
-        else:
-            saved = latest_saved_step(self.checkpoint_dir)  # (each save checked first: every one before step)
-            resume = (
-                f"no checkpoint is saved from step {step} on, and none was before it: a new run starts from step 0"
-                if saved is None
-                else f"no checkpoint is saved from step {step} on: resume only from one saved before it, the last "
-                f"{self.checkpoint_dir / f'step_{saved:08d}'} (which --resume continues from)"
-            )
-        return RunRefused(
-            f"the loss at step {step} is {loss} (a rank's at least): the batch of step {step} {_NOT_FINITE_CAUSE}: "
-            f"{self.remedy}; {resume}"
-        )
-
-
-def log_progress(
-    accelerator: Any, step: int, epoch: int, loss: torch.Tensor, meter: Throughput, world_size: int, losses: FiniteLoss
-) -> None:
-    """Rank 0 logs the loss averaged over ranks (every rank must call: collectives) and this rank's rates.
-
-    A loss not finite, this step's or one since the last check, on any rank, is refused first (``losses.check``).
-    The mean then sums each rank's share in float32, which cannot overflow: accelerate's mean sums in the loss's dtype,
-    where two ranks' finite float16 losses of 40,000 made inf (float32 and bfloat16 only past 1.7e38 each)."""
-    losses.check(step)
-    mean_loss = float(accelerator.reduce(loss.detach().float() / world_size, reduction="sum"))
-    samples_s, frames_s, wait = meter.report()
-    if accelerator.is_main_process and samples_s == 0:  # only the warm-up step since the last report
-        logger.info("step %d epoch %d loss %.4f | warm-up", step, epoch, mean_loss)
-    elif accelerator.is_main_process:
-        logger.info(
-            "step %d epoch %d loss %.4f | per rank %.1f samples/s %.1f frames/s, data wait %.0f%% "
-            "| all ranks ~%.1f samples/s",
-            step, epoch, mean_loss, samples_s, frames_s, 100 * wait, samples_s * world_size,
-        )  # fmt: skip
 
 
 def exit_status(

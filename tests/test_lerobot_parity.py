@@ -1084,7 +1084,7 @@ def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: 
     assert run(4, tmp_path / "b", resume=True) == uninterrupted[2:]
     # The resolved config is compared: a field given at its default is the same policy (nothing left to train).
     assert run(4, tmp_path / "b", resume=True, policy_args={**TINY_POLICIES["act"], "n_obs_steps": 1}) == []
-    from pipelines.train import SetupError  # (one line under main, as the library's errors while setting up)
+    from pipelines.run_errors import SetupError  # (one line under main, as the library's errors while setting up)
 
     with pytest.raises(SetupError, match=r"other policy\.dim_model \(policy\.dim_model: saved 64, now 32\): resume w"):
         train(
@@ -1109,7 +1109,7 @@ def test_the_lerobot_policy_pipeline_with_lerobots_image_transforms_resumes_with
     import lerobot_dali
     from lerobot_dali.augment_config import AugmentConfig
     from pipelines import lerobot_policy
-    from pipelines.train import SetupError
+    from pipelines.run_errors import SetupError
 
     built: list[dict[str, Any]] = []
     monkeypatch.setattr(

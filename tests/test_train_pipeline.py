@@ -376,7 +376,7 @@ def test_ctrl_c_says_which_checkpoint_a_resume_continues_from_in_one_line(
 
 
 def test_ctrl_c_without_a_checkpoint_says_a_new_run_starts_from_step_0() -> None:
-    from pipelines.train import Interrupted
+    from pipelines.interrupts import Interrupted
 
     assert str(Interrupted(3, None, None)) == (
         "interrupted (Ctrl-C) during step 4; nothing is saved without --checkpoint-dir: a new run starts from step 0 "
@@ -397,12 +397,13 @@ def test_ctrl_c_in_a_save_counts_the_step_saved_among_those_trained_again(tmp_pa
     trained but lost with its save, was left out (with --save-every 1: "no step since", for the step being saved)."""
     from types import SimpleNamespace
 
-    from pipelines.train import Interrupted, PreemptibleLoop
+    from pipelines.interrupts import Interrupted
+    from pipelines.preemption import PreemptibleLoop
 
     def interrupted_save(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("pipelines.train.save_checkpoint", interrupted_save)
+    monkeypatch.setattr("pipelines.preemption.save_checkpoint", interrupted_save)
     ckpt = tmp_path / "ckpt"
     (ckpt / "step_00000004").mkdir(parents=True)
     (ckpt / "latest").write_text("step_00000004")
@@ -477,7 +478,7 @@ def test_ctrl_c_before_or_after_the_training_loop_is_one_line_and_status_130(
             == f"train.py: interrupted (Ctrl-C) after step 2; {resumed}"
         )
     with monkeypatch.context() as patch:  # (the loop's preemption notice: on several ranks, a gloo group's collective)
-        patch.setattr("pipelines.train.PreemptionNotice", ctrl_c)
+        patch.setattr("pipelines.preemption.PreemptionNotice", ctrl_c)
         assert (
             interrupted([*args, "--steps", "4", "--checkpoint-dir", str(ckpt), "--resume"])
             == f"{setting_up}; {resumed}"
@@ -566,7 +567,7 @@ def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
     raises :class:`Preempted` and keeps them (``exit_status`` ignores the signals from there on)."""
     from types import SimpleNamespace
 
-    from pipelines.train import Preempted, PreemptibleLoop
+    from pipelines.preemption import Preempted, PreemptibleLoop
 
     iterator = SimpleNamespace(world_size=1, rank=0, state_dict=lambda: {})
     accelerator = SimpleNamespace(is_main_process=True)
@@ -1207,11 +1208,14 @@ def test_finite_loss_keeps_the_first_step_not_finite_on_the_device_and_reads_it_
     first step whose loss was not finite, and names it and the last checkpoint saved."""
     from types import SimpleNamespace
 
-    from pipelines.train import FiniteLoss, RunRefused
+    from pipelines.progress import FiniteLoss
+    from pipelines.run_errors import RunRefused
+    from pipelines.train import NOT_FINITE_REMEDY
 
     (tmp_path / "step_00000002").mkdir()
     (tmp_path / "latest").write_text("step_00000002")
-    losses = FiniteLoss(SimpleNamespace(device=torch.device("cpu"), gather=lambda t: t), tmp_path)
+    accelerator = SimpleNamespace(device=torch.device("cpu"), gather=lambda t: t)
+    losses = FiniteLoss(accelerator, tmp_path, remedy=NOT_FINITE_REMEDY)
     with monkeypatch.context() as patched:
         for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
             patched.setattr(torch.Tensor, name, lambda *a: pytest.fail("a value read back"), raising=False)
@@ -1248,10 +1252,12 @@ def test_log_progress_checks_the_losses_itself_and_means_finite_losses_without_o
     losses of 40,000 (measured with torchrun, gloo: inf) refused a run whose weights were finite. Now log_progress
     checks the losses itself (a NaN noted at step 1 refused at step 2's log, naming step 1), and the mean of 40,000
     on two ranks logs 40000."""
-    from pipelines.train import FiniteLoss, RunRefused, Throughput, log_progress
+    from pipelines.progress import FiniteLoss, Throughput, log_progress
+    from pipelines.run_errors import RunRefused
+    from pipelines.train import NOT_FINITE_REMEDY
 
     accelerator = _two_ranks_alike()
-    losses = FiniteLoss(accelerator, None)
+    losses = FiniteLoss(accelerator, None, remedy=NOT_FINITE_REMEDY)
     with caplog.at_level(logging.INFO, logger="pipelines.train"):
         for step, loss in enumerate([40000.0, 65504.0], start=1):
             half = torch.tensor(loss, dtype=torch.float16)
@@ -1259,7 +1265,7 @@ def test_log_progress_checks_the_losses_itself_and_means_finite_losses_without_o
             log_progress(accelerator, step, 0, half, Throughput(), 2, losses)
     said = [r.getMessage() for r in caplog.records if r.name == "pipelines.train"]
     assert said == ["step 1 epoch 0 loss 40000.0000 | warm-up", "step 2 epoch 0 loss 65504.0000 | warm-up"], said
-    losses = FiniteLoss(accelerator, None)
+    losses = FiniteLoss(accelerator, None, remedy=NOT_FINITE_REMEDY)
     losses.note(torch.tensor(float("-inf")), 1)
     losses.note(torch.tensor(float("nan")), 2)
     with pytest.raises(RunRefused, match=r"^the loss at step 1 is -inf \(a rank's at least\): the batch of step 1 "):
@@ -1272,7 +1278,8 @@ def test_a_scripts_refusal_of_a_loss_not_finite_names_only_its_own_flags(script:
     rows (--episodes), or lower --lr": 2 flags lerobot_policy.py has not. Each script's advice names its own."""
     import importlib
 
-    from pipelines.train import FiniteLoss, RunRefused
+    from pipelines.progress import FiniteLoss
+    from pipelines.run_errors import RunRefused
 
     module = importlib.import_module(f"pipelines.{script}")
     losses = FiniteLoss(_two_ranks_alike(), None, remedy=module.NOT_FINITE_REMEDY)
@@ -1678,7 +1685,7 @@ def test_resume_ignores_a_stream_file_a_run_of_another_world_size_left(tmp_path:
     mixture's, which holds a state per dataset)."""
     from types import SimpleNamespace
 
-    from pipelines.train import restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
 
     def stream(world_size: int, consumed: int) -> dict[str, Any]:
         state = {"world_size": world_size, "samples_consumed": consumed}
@@ -1707,7 +1714,7 @@ def test_a_resume_on_other_ranks_gathers_every_old_ranks_pool_walk(tmp_path: Pat
     from types import SimpleNamespace
 
     from lerobot_dali.stream_state import SampleStream
-    from pipelines.train import restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
 
     def state(lengths: np.ndarray, rank: int) -> dict[str, Any]:
         stream = SampleStream(lengths, rank=rank, world_size=2, batch_size=4)
@@ -1747,7 +1754,7 @@ def test_a_resume_on_other_ranks_gathers_no_other_runs_state(tmp_path: Path, mix
     from types import SimpleNamespace
 
     from lerobot_dali.stream_state import SampleStream
-    from pipelines.train import restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
 
     def state(rank: int, episodes: str) -> dict[str, Any]:
         stream = SampleStream(np.arange(5, 45), rank=rank, world_size=2, batch_size=4)
@@ -1881,7 +1888,8 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     agreed, resumed silently; other episodes failed there too instead of in the stream's own check."""
     from types import SimpleNamespace
 
-    from pipelines.train import DataPlan, data_signature, restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.train import DataPlan, data_signature
 
     def plan(chunk: int, image_size: tuple[int, int] | None) -> DataPlan:
         deltas = {"action": [i / 10 for i in range(chunk)]}
@@ -1920,7 +1928,8 @@ def test_resume_with_other_augmentation_fails_naming_it_and_an_old_checkpoint_re
     from types import SimpleNamespace
 
     from lerobot_dali.augment_config import AugmentConfig
-    from pipelines.train import DataPlan, data_signature, read_augment, restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.train import DataPlan, data_signature, read_augment
 
     def signature(augment: AugmentConfig | None) -> dict[str, Any]:
         windows = dict(chunk=2, camera_steps=None, state_steps=None)
@@ -2040,7 +2049,8 @@ def test_a_damaged_stream_file_is_refused_naming_it(text: str | bytes, said: str
     from restore_checkpoint; a RunRefused (one line under main) naming the file and what to do now."""
     from types import SimpleNamespace
 
-    from pipelines.train import RunRefused, restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.run_errors import RunRefused
 
     step = tmp_path / "step_00000002"
     step.mkdir()
@@ -2063,7 +2073,8 @@ def test_a_damaged_model_state_is_refused_naming_it(tmp_path: Path) -> None:
 
     from accelerate import Accelerator
 
-    from pipelines.train import RunRefused, restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.run_errors import RunRefused
 
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)
@@ -2473,7 +2484,8 @@ def test_a_damaged_or_missing_random_states_file_is_refused_naming_it(
 
     from accelerate import Accelerator
 
-    from pipelines.train import RunRefused, restore_checkpoint
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.run_errors import RunRefused
 
     accelerator = Accelerator(cpu=True)
     model = torch.nn.Linear(2, 2)
@@ -2530,7 +2542,7 @@ def test_a_damaged_or_missing_random_states_file_is_refused_naming_it(
 _KILLED_BETWEEN_THE_RENAMES = """
 import os, signal, sys
 from pathlib import Path
-from pipelines.train import _replace_folder
+from pipelines.checkpoints import _replace_folder
 real_rename, renames = Path.rename, []
 def rename(self, target):
     renames.append(self)
@@ -2549,8 +2561,8 @@ def test_a_folder_replaced_is_never_missing_after_a_failure_or_a_kill_between_it
     the new one into its place: a Ctrl-C or an error between the two left neither at its name (the old one deleted,
     the new one too), and a SIGKILL there left the old one hidden, deleted by the next save, and 'latest' naming no
     checkpoint (resume refused). The old one is put back now: 3 of 3 cases whole (was 0)."""
+    from pipelines.checkpoints import latest_checkpoint
     from pipelines.lerobot_policy import save_policy
-    from pipelines.train import latest_checkpoint
 
     out = tmp_path / "policy"
     first = {"config.json": "c1", "model.safetensors": "w1"}
