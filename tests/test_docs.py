@@ -281,3 +281,57 @@ def test_the_public_api_documents_each_member_it_shows() -> None:
             if callable(function) and not (getattr(function, "__doc__", None) or "").strip():
                 bare.append(f"{cls.__name__}.{name}")
     assert not bare, f"no docstring: {bare}"
+
+
+#: The names the READMEs' examples give these classes' instances (``mix.batch_shares``, ``it.epoch``, ``ds.video``).
+_INSTANCE_NAMES = {"mix": "DALILeRobotMixture", "it": "DALILeRobotIterator", "ds": "LeRobotDatasetReader"}
+_FILE_SUFFIXES = {"py", "json", "jsonl", "csv", "png", "toml", "cu", "safetensors", "typed", "io"}
+
+
+def _package_namespace() -> dict[str, Any]:
+    """What a README's dotted name may start with: each lerobot_dali module, by its name, and each class a module of
+    the package defines at its top (``BatchSource``, ``CpuFrameDecoder``), by its name."""
+    import lerobot_dali
+
+    found: dict[str, Any] = {"lerobot_dali": lerobot_dali}
+    for path in sorted((ROOT / "lerobot_dali").glob("*.py")):
+        if path.stem.startswith("_"):
+            continue
+        module = importlib.import_module(f"lerobot_dali.{path.stem}")
+        found[path.stem] = module
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and isinstance(getattr(module, node.name, None), type):
+                found.setdefault(node.name, getattr(module, node.name))
+    return found
+
+
+def _has(owner: Any, name: str) -> bool:
+    """``owner.name`` exists: an attribute, a dataclass field, or an instance attribute its class sets on ``self``."""
+    if hasattr(owner, name) or name in getattr(owner, "__dataclass_fields__", {}):
+        return True
+    return isinstance(owner, type) and any(
+        re.search(rf"\bself\.{re.escape(name)}\s*(?::[^=\n]*)?=(?!=)", inspect.getsource(cls))
+        for cls in owner.__mro__
+        if cls.__module__.startswith("lerobot_dali")
+    )
+
+
+def test_every_dotted_name_the_docs_give_of_the_package_is_there() -> None:
+    """Each ``module.NAME``, ``Class.member`` and ``lerobot_dali.module.NAME`` of this package a README names still
+    exists: ``dali_graph.resize_in_worker`` (moved into ``dali_graph.camera_feed``) and ``clips.TEMPLATE_CACHE_SIZE``
+    (moved to packet_index) were each named by bench/README.md after the code had moved on."""
+    namespace = _package_namespace()
+    checked, missing = [], []
+    for doc in DOCS:
+        for ref in sorted(set(re.findall(r"`((?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*)`", doc.read_text()))):
+            head, *path = ref.split(".")
+            if path[-1] in _FILE_SUFFIXES or (owner := namespace.get(_INSTANCE_NAMES.get(head, head))) is None:
+                continue  # (a file name, or a name of another library's: torch.distributed, accelerator.prepare)
+            for name in path:
+                if not _has(owner, name):
+                    missing.append(f"{doc.relative_to(ROOT)}: {ref}")
+                    break
+                owner = getattr(owner, name, None)
+            checked.append(ref)
+    assert len(checked) >= 15, checked
+    assert not missing, f"names the docs give that the package no longer has: {missing}"
