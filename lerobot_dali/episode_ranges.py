@@ -25,7 +25,7 @@ from .packet_index import PacketIndex
 from .packet_index_cache import PacketIndexCache
 from .packet_index_store import PacketIndexStore
 
-__all__ = ["PARQUET_FOOTER_READ_BYTES", "EpisodeRanges"]
+__all__ = ["PARQUET_FOOTER_READ_BYTES", "EpisodeRanges", "row_group_spans"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +47,17 @@ class EpisodeRanges:
         self._indexes = PacketIndexCache(max_entries=256, max_bytes=512 * 2**20)
         self._store = index_store
         self._lock = fork_locks.lock()
-        self._parquet: OrderedDict[str, tuple[int, pq.FileMetaData, np.ndarray]] = OrderedDict()
+        self._parquet: OrderedDict[str, tuple[int, np.ndarray, np.ndarray]] = OrderedDict()
         self._reading = KeyedLocks()  # (a file's, held while one thread reads its footer)
         self._max_parquet = max_parquet_files
+        self._damaged: dict[str, DataFileError] = {}  # (written under the file's KeyedLocks entry)
 
     def ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
         return [*self.parquet_ranges(episode_pos), *self.video_ranges(episode_pos)]
 
     def parquet_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
         path = self.reader.data_path(episode_pos)
-        size, meta, starts = self._parquet_meta(path)
+        size, spans, starts = self._parquet_meta(path)
         episodes = self.reader.episodes
         row_start, length = int(episodes.data_row_start[episode_pos]), int(episodes.length[episode_pos])
         out = [(path, max(0, size - PARQUET_FOOTER_READ_BYTES), size)]
@@ -64,17 +65,7 @@ class EpisodeRanges:
         group_rows = int(starts[overlapping.stop] - starts[overlapping.start])
         if self.reader.rows_stored(path, group_rows, length):
             return out  # workers slice the column store's copy: the footer is all they read of the parquet
-        for g in overlapping:
-            group = meta.row_group(g)
-            begins, ends = [], []
-            for c in range(group.num_columns):
-                column = group.column(c)
-                begin = column.data_page_offset
-                if column.has_dictionary_page and column.dictionary_page_offset:
-                    begin = min(begin, column.dictionary_page_offset)
-                begins.append(begin)
-                ends.append(begin + column.total_compressed_size)
-            out.append((path, min(begins), min(size, max(ends))))
+        out.extend((path, int(spans[g, 0]), int(spans[g, 1])) for g in overlapping)
         return out
 
     def video_ranges(self, episode_pos: int) -> list[tuple[str, int, int]]:
@@ -86,8 +77,9 @@ class EpisodeRanges:
                 out.append((video.path, *span))
         return out
 
-    def _parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray]:
-        """The file's size, footer and row group starts (:func:`row_group_starts`), kept per file."""
+    def _parquet_meta(self, path: str) -> tuple[int, np.ndarray, np.ndarray]:
+        """The file's size, row group byte spans (:func:`row_group_spans`) and starts (:func:`row_group_starts`),
+        kept per file."""
         known = self._known_parquet(path)
         if known is not None:
             return known
@@ -95,24 +87,62 @@ class EpisodeRanges:
             known = self._known_parquet(path)
             return known if known is not None else self._read_parquet_meta(path)
 
-    def _known_parquet(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray] | None:
+    def _known_parquet(self, path: str) -> tuple[int, np.ndarray, np.ndarray] | None:
         with self._lock:
             known = self._parquet.get(path)
             if known is not None:
                 self._parquet.move_to_end(path)
             return known
 
-    def _read_parquet_meta(self, path: str) -> tuple[int, pq.FileMetaData, np.ndarray]:
-        with self.reader.open(path) as handle, damaged_parquet_as(DataFileError, path):
-            size = int(handle.seek(0, 2))
-            handle.seek(0)
-            meta = pq.ParquetFile(handle).metadata
-        entry = (size, meta, row_group_starts(meta))
+    def _read_parquet_meta(self, path: str) -> tuple[int, np.ndarray, np.ndarray]:
+        """The entry of :meth:`_parquet_meta`, read; a damaged file's DataFileError kept, so each of its episodes is
+        refused without reading its footer again."""
+        damaged = self._damaged.get(path)
+        if damaged is not None:
+            raise DataFileError(str(damaged)) from damaged
+        try:
+            with self.reader.open(path) as handle, damaged_parquet_as(DataFileError, path):
+                size = int(handle.seek(0, 2))
+                handle.seek(0)
+                meta = pq.ParquetFile(handle).metadata
+            entry = (size, row_group_spans(path, size, meta), row_group_starts(meta))
+        except DataFileError as e:
+            self._damaged[path] = e
+            raise
         with self._lock:
             self._parquet[path] = entry
             while len(self._parquet) > self._max_parquet:
                 self._parquet.popitem(last=False)
         return entry
+
+
+def row_group_spans(path: str, size: int, meta: pq.FileMetaData) -> np.ndarray:
+    """Bytes ``[start, end)`` of each row group of parquet file ``path`` (``size`` bytes), one row per group: its
+    column chunks from the first one's dictionary (or data) page to the last one's end, as Arrow reckons each chunk.
+
+    A footer whose chunk offsets or sizes do not fit in the file (negative, or reaching past its end: Arrow refuses
+    to read those rows too) raises DataFileError naming the file, before any such range is asked of a server.
+    """
+    spans = np.empty((meta.num_row_groups, 2), dtype=np.int64)
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        begins, ends = [], []
+        for c in range(group.num_columns):
+            column = group.column(c)
+            begin, length = column.data_page_offset, column.total_compressed_size
+            dictionary = column.dictionary_page_offset if column.has_dictionary_page else None
+            if dictionary is not None and 0 < dictionary < begin:  # (Arrow's reckoning, ComputeColumnChunkRange)
+                begin = dictionary
+            if begin < 0 or length < 0 or begin + length > size:
+                raise DataFileError(
+                    f"{path}: its parquet footer is damaged: row group {g}'s column {column.path_in_schema!r} claims "
+                    f"bytes [{begin}, {begin + length}) of a file of {size} bytes; re-download the file (or re-write "
+                    "it from its source)"
+                )
+            begins.append(begin)
+            ends.append(begin + length)
+        spans[g] = (min(begins), max(ends)) if begins else (0, 0)
+    return spans
 
 
 def episode_span(index: PacketIndex, from_s: float, to_s: float | None) -> tuple[int, int] | None:

@@ -111,6 +111,16 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
 
 
+def _check_bounds(path: str, start: int | None, end: int | None, size: int | None) -> None:
+    """Raise ValueError for bounds ``[start, end)`` that cross (see :meth:`RetryingFileSystem.cat_file`). A negative
+    bound of a file whose size is not stamped is left to the filesystem, which asks the size itself."""
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return
+    first, stop = (bound + size if bound < 0 and size is not None else bound for bound in (start, end))
+    if 0 <= stop < first:
+        raise ValueError(masked(f"bytes [{start}, {end}) of {path} asked: a range cannot start past its end"))
+
+
 def _http_date(text: str) -> bool:
     """Whether ``text`` is an HTTP date (a ``Last-Modified``), which ``If-Unmodified-Since`` can send back."""
     try:
@@ -640,10 +650,12 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         """The wrapped filesystem's bytes, retried; a range of bytes (``start`` and ``end`` from the file's start)
         checked to hold them (:func:`~.request_checks.checked_range`, with the stamped size where ``path`` is
         stamped): fsspec's HTTP ``cat_file`` returned a short answer short, and a server's whole file for a range it
-        ignored."""
+        ignored. Bounds that cross (``start`` past ``end``, either from the file's end where negative and its size is
+        stamped) raise ValueError before any request: sent as a Range, a server ignores it and sends the whole file."""
 
         stamps = self._stamps_holding(path)
         size = None if stamps is None else int(stamps[path].size)
+        _check_bounds(path, start, end, size)
         ranged = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
         nbytes = end - start if ranged else (size if start is None and end is None else None)  # type: ignore[operator]
 

@@ -1,0 +1,156 @@
+"""A data file whose parquet footer places a column chunk outside the file (a negative offset, a negative size that
+puts a row group's start past its end, a size reaching past the file's end): prefetch reckoned the row group's byte
+range from it and asked a server for an impossible range (or clamped it in silence). Now the footer is judged once
+per file when its ranges are first reckoned, and a DataFileError names the file and says to re-download it, before
+any such range is asked. An iterator is refused as it is built, with Arrow's own DataFileError, as it was; no request
+reads the whole file.
+And ``RetryingFileSystem.cat_file`` refuses bounds that cross, which a server answers with the whole file."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import fsspec
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali.dataset_reader import open_dataset
+from lerobot_dali.episode_ranges import EpisodeRanges, row_group_spans
+from lerobot_dali.errors import DataFileError
+from lerobot_dali.iterator import DALILeRobotIterator
+from lerobot_dali.remote_retry import RetryingFileSystem
+from tests.http_server import FolderServer
+
+DATA = "data/chunk-000/file-000.parquet"
+#: Episode 0's column ``task_index`` (the last column; dictionary-encoded) and ``observation.state`` (the first).
+LAST, FIRST = 6, 0  # (columns: observation.state, action, timestamp, frame_index, episode_index, index, task_index)
+DAMAGE = {
+    "size_past_the_end": dict(size=10**7),
+    "start_past_end": dict(size=-5000),
+    "negative_offset": dict(offset=-5),
+}
+
+
+def _dataset(make_ds) -> Path:
+    """One data file of 600 rows (121 KB: past the 64 KiB footer read, so its row group is a range of its own)."""
+    return make_ds(episodes=2, frames_per_episode=300, episodes_per_file=2, size=(64, 64), codec="h264",
+                   state_dim=16, action_dim=16)  # fmt: skip
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def _field(header: int, value: int) -> bytes:
+    """A Thrift compact i64 field (``header``: its delta and type byte), zigzag-encoded."""
+    return bytes([header]) + _varint((value << 1) ^ (value >> 63))
+
+
+def _damage(path: Path, column: int, *, offset: int | None = None, size: int | None = None) -> None:
+    """Row group 0's ``column`` given data_page_offset ``offset`` and total_compressed_size ``size`` in the footer's
+    Thrift (ColumnMetaData fields 7 and 9, one field apart, so ``0x16 size 0x26 offset``); the footer's length
+    written again."""
+    raw = path.read_bytes()
+    footer_at = len(raw) - 8 - struct.unpack("<I", raw[-8:-4])[0]
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(column)
+    old = _field(0x16, chunk.total_compressed_size) + _field(0x26, chunk.data_page_offset)
+    new = _field(0x16, chunk.total_compressed_size if size is None else size)
+    new += _field(0x26, chunk.data_page_offset if offset is None else offset)
+    footer = raw[footer_at:-8]
+    assert footer.count(old) == 1
+    footer = footer.replace(old, new)
+    path.write_bytes(raw[:footer_at] + footer + struct.pack("<I", len(footer)) + b"PAR1")
+
+
+def _url(server: FolderServer, root: Path, base: Path) -> str:
+    return f"{server.url}/{root.relative_to(base).as_posix()}"
+
+
+def _data_requests(server: FolderServer) -> list[tuple[str, str | None, int, str]]:
+    return [(r.method, r.range, r.status, r.kind) for r in server.records if r.path.endswith(DATA)]
+
+
+def test_an_undamaged_row_group_spans_its_column_chunks(make_ds) -> None:
+    """The one row group runs from just after the leading ``PAR1`` to the footer: its column chunks end to end."""
+    path = _dataset(make_ds) / DATA
+    raw = path.read_bytes()
+    footer_at = len(raw) - 8 - struct.unpack("<I", raw[-8:-4])[0]
+    assert row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata).tolist() == [[4, footer_at]]
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_footer_is_refused_before_any_range_is_asked(
+    make_ds, copy_ds, tmp_path_factory, basetemp_server: FolderServer, damage: str
+) -> None:
+    root = copy_ds(_dataset(make_ds))
+    column = FIRST if damage == "negative_offset" else LAST
+    _damage(root / DATA, column, **DAMAGE[damage])
+    url = _url(basetemp_server, root, tmp_path_factory.getbasetemp())
+    ranges = EpisodeRanges(open_dataset(url))
+    basetemp_server.reset_stats()
+    with pytest.raises(DataFileError) as raised:
+        ranges.parquet_ranges(0)
+    chunk = pq.ParquetFile(_dataset(make_ds) / DATA).metadata.row_group(0).column(column)
+    begin = chunk.dictionary_page_offset if damage != "negative_offset" else -5  # (-5: before the dictionary)
+    end = begin + DAMAGE[damage].get("size", chunk.total_compressed_size)
+    size = (root / DATA).stat().st_size
+    assert str(raised.value) == (
+        f"{url}/{DATA}: its parquet footer is damaged: row group 0's column {chunk.path_in_schema!r} claims bytes "
+        f"[{begin}, {end}) of a file of {size} bytes; re-download the file (or re-write it from its source)"
+    )
+    footer = f"bytes={size - 64 * 1024}-{size - 1}"
+    assert _data_requests(basetemp_server) == [("GET", footer, 206, "range")]  # (the footer Arrow reads, alone)
+    with pytest.raises(DataFileError):  # (judged once: the second episode of the file is refused as well, asking none)
+        ranges.parquet_ranges(1)
+    assert len(_data_requests(basetemp_server)) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_an_iterator_over_a_damaged_footer_is_refused_reading_no_whole_file(
+    make_ds, copy_ds, tmp_path_factory, basetemp_server: FolderServer, caplog, tmp_path, damage: str, workers: int
+) -> None:
+    root = copy_ds(_dataset(make_ds))
+    _damage(root / DATA, FIRST if damage == "negative_offset" else LAST, **DAMAGE[damage])
+    url = _url(basetemp_server, root, tmp_path_factory.getbasetemp())
+    basetemp_server.reset_stats()
+    said = rf"{url}/{DATA}: reading rows \[\d+, [36]00\) failed \(Invalid column metadata \(corrupt file\?\)\); "
+    with pytest.raises(DataFileError, match=said + "the file is truncated or corrupt: re-download or rewrite it$"):
+        # (refused as it is built where a column it reads of each file's first episode is damaged, else in the pass)
+        it = DALILeRobotIterator(url, batch_size=4, device="cpu", num_workers=workers, cache_dir=tmp_path, cache_gb=1.0)
+        try:
+            for _ in it:
+                pass
+        finally:
+            it.close()
+    if damage == "negative_offset":  # (a column the build does not read: the prefetcher reckoned its ranges)
+        warned = f"{url}: prefetching epoch 0 from position 0 failed (DataFileError: {url}/{DATA}: its parquet footer "
+        assert (
+            warned + "is damaged: row group 0's column 'observation.state.list.element' claims bytes [-5, "
+            in caplog.text
+        )
+    asked = _data_requests(basetemp_server)
+    assert asked and all(kind == "range" for method, _, _, kind in asked if method == "GET")
+    size = (root / DATA).stat().st_size
+    for _, spec, _, _ in asked:  # (each range one the file holds, and none all of it)
+        if spec is not None:
+            first, last = map(int, spec.removeprefix("bytes=").split("-"))
+            assert 0 <= first <= last < size and last - first + 1 < size
+
+
+def test_cat_file_refuses_bounds_that_cross_asking_nothing(make_ds, tmp_path_factory, basetemp_server) -> None:
+    """Sent as ``Range: bytes=3000-99``, a server ignores the header and answers 200 with the whole file, which
+    cat_file returned as the range (6,782 bytes for none)."""
+    path = _dataset(make_ds) / DATA
+    url = f"{_url(basetemp_server, path, tmp_path_factory.getbasetemp())}"
+    fs = RetryingFileSystem(fsspec.filesystem("http"))
+    basetemp_server.reset_stats()
+    with pytest.raises(ValueError, match=rf"^bytes \[3000, 100\) of {url} asked: a range cannot start past its end$"):
+        fs.cat_file(url, 3000, 100)
+    assert basetemp_server.records == []
+    assert fs.cat_file(url, 3000, 3100) == path.read_bytes()[3000:3100]
