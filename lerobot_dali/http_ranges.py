@@ -18,7 +18,7 @@ from typing import Any
 from fsspec.asyn import sync
 
 from .errors import DatasetError
-from .remote_errors import changed_on_server, ignored_range
+from .remote_errors import changed_on_server, ignored_range, multipart_range
 from .url_secrets import masked
 
 __all__ = ["cat_range"]
@@ -84,7 +84,7 @@ async def _get(fs: Any, url: str, start: int, end: int, kwargs: dict[str, Any]) 
             return str(response.headers.get("Content-Range", ""))
         fs._raise_not_found_for_status(response, url)
         if response.status == _PARTIAL and response.content_type == _BYTERANGES:
-            raise _multipart(url, start, end, str(response.headers.get("Content-Type", "")))
+            raise multipart_range(url, start, end, str(response.headers.get("Content-Type", "")))
         _answered_from(url, start, end, response.status, str(response.headers.get("Content-Range", "")))
         chunks, received = [], 0
         while received <= end - start:  # (more than asked: a Range ignored; not read on)
@@ -112,21 +112,6 @@ def _answered_from(url: str, start: int, end: int, status: int, content_range: s
         masked(
             f"{url}: asked for bytes [{start}, {end}) and answered HTTP {status} with Content-Range "
             f"{content_range.strip()!r} (a response from another offset)"
-        )
-    )
-
-
-def _multipart(url: str, start: int, end: int, content_type: str) -> DatasetError:
-    """The error for the one range ``[start, end)`` of ``url`` answered as ``multipart/byteranges``: HTTP forbids it
-    (RFC 9110 15.3.7.2: a server MUST NOT answer a single range so), and fsspec's HTTP reads, which the dataset's files
-    are opened with, hand out such a body whole, its framing as the file's bytes; a server's configuration, so not
-    retried. It was named as a server ignoring Range, which it had not."""
-    return DatasetError(
-        masked(
-            f"{url}: bytes [{start}, {end}) asked in one range, answered HTTP 206 as {content_type.strip()!r}: the "
-            "range in a multipart body, which HTTP forbids for a single range (RFC 9110 15.3.7.2) and fsspec's HTTP "
-            "reads cannot take apart; serve the dataset from a server (or through a proxy or CDN) that answers a "
-            "single range with its bytes and a Content-Range, or copy it locally"
         )
     )
 

@@ -24,6 +24,7 @@ __all__ = [
     "is_refused",
     "is_transient",
     "missing_status",
+    "multipart_range",
     "not_served",
     "precondition_without_if_match",
     "refusal_noted",
@@ -154,6 +155,21 @@ def ignored_range(path: str) -> DatasetError:
     return _error(
         f"{path}: the server ignored an HTTP Range request (it sent the whole file), which reading a part "
         "of a file needs; serve the dataset from a server that supports Range requests, or copy it locally"
+    )
+
+
+def multipart_range(url: str, start: int, end: int, content_type: str) -> DatasetError:
+    """The error for the one range ``[start, end)`` of ``url`` answered as ``multipart/byteranges``: HTTP forbids it
+    (RFC 9110 15.3.7.2: a server MUST NOT answer a single range so), and fsspec's HTTP reads, which the dataset's files
+    are opened with, hand out such a body whole, its framing as the file's bytes; a server's configuration, so not
+    retried. It was named as a server ignoring Range, which it had not."""
+    return DatasetError(
+        masked(
+            f"{url}: bytes [{start}, {end}) asked in one range, answered HTTP 206 as {content_type.strip()!r}: the "
+            "range in a multipart body, which HTTP forbids for a single range (RFC 9110 15.3.7.2) and fsspec's HTTP "
+            "reads cannot take apart; serve the dataset from a server (or through a proxy or CDN) that answers a "
+            "single range with its bytes and a Content-Range, or copy it locally"
+        )
     )
 
 

@@ -9,11 +9,12 @@ import asyncio
 from time import monotonic
 from typing import Any
 
-from .remote_errors import ignored_range
+from .remote_errors import ignored_range, multipart_range
 
 __all__ = [
     "HTTP_DEADLINE_BASE_S",
     "HTTP_MIN_BYTES_PER_S",
+    "byteranges_framing",
     "bytes_deadline_s",
     "checked_range",
     "fetch_by_deadline",
@@ -81,13 +82,34 @@ def checked_range(path: str, start: int, end: int, data: bytes, size: int | None
     fewer, where the size tells they exist, a response cut short (ConnectionError: transient, retried)."""
     expected = end - start if size is None else max(0, min(end, size) - start)
     if len(data) > max(0, expected):
-        raise ignored_range(path)
+        framing = byteranges_framing(data, start, start + expected)
+        raise ignored_range(path) if framing is None else multipart_range(path, start, end, framing)
     if size is not None and len(data) != expected:
         raise ConnectionError(
             f"{path}: asked for bytes [{start}, {start + expected}) and received {len(data)} bytes (a response "
             "cut short, or from another offset)"
         )
     return data
+
+
+def byteranges_framing(data: bytes, start: int, end: int) -> str | None:
+    """The Content-Type (``multipart/byteranges; boundary=...``) of ``data``, where it is a multipart body framing
+    exactly bytes ``[start, end)`` in its first part (a boundary line, part headers with ``Content-Range: bytes
+    {start}-{end - 1}/...``, a blank line, those bytes, the boundary again): what an HTTP read that keeps no headers
+    (fsspec's opened files') receives from a server answering one range so. Else None: a whole file sent for a Range
+    ignored does not frame the very range asked."""
+    if not data.startswith(b"--"):
+        return None
+    head_end = data.find(b"\r\n\r\n", 0, 4096)
+    if head_end < 0:
+        return None
+    boundary, *headers = data[2:head_end].split(b"\r\n")
+    said = [h.partition(b":")[2].strip() for h in headers if h.partition(b":")[0].strip().lower() == b"content-range"]
+    after = head_end + 4 + end - start
+    asked = f"bytes {start}-{end - 1}/".encode()
+    if not said or not said[0].startswith(asked) or data[after : after + 4 + len(boundary)] != b"\r\n--" + boundary:
+        return None
+    return f"multipart/byteranges; boundary={boundary.decode('ascii', 'replace')}"
 
 
 def speaks_http(fs: Any) -> bool:

@@ -751,6 +751,43 @@ def test_a_single_range_answered_multipart_is_named_as_such(tmp_path: Path, slep
     assert slept == [] and type(info.value) is DatasetError
 
 
+def test_a_single_range_answered_multipart_to_an_opened_file_is_named_as_such(tmp_path: Path, slept) -> None:
+    """An opened file's block reads (how the dataset's videos and parquet files are read) keep no headers: a block
+    answered 206 as ``multipart/byteranges`` came back longer than asked, named as a server that ignored Range. The
+    body's framing (boundary, the part's Content-Range naming the very bytes asked, those bytes, the boundary) now
+    names it as what it is, the same DatasetError as cat_file's; one GET, not retried. A server ignoring Range whose
+    file happens to start with ``--`` is still named as ignoring Range."""
+    import fsspec
+
+    from tests.http_server import BYTERANGES_BOUNDARY
+
+    data = bytes(range(256)) * 400
+    (tmp_path / "f.bin").write_bytes(data)
+    (tmp_path / "g.bin").write_bytes(b"--" + data)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(retries=2))
+        url = f"{server.url}/f.bin"
+        with fs.open(url, "rb", block_size=100) as handle:
+            handle.seek(1000)
+            server.reset_stats()
+            server.fault_paths = {"/f.bin": "multipart"}
+            with pytest.raises(DatasetError) as info:
+                handle.read(10)
+            assert [(r.status, r.range) for r in server.records] == [(206, "bytes=1000-1109")]  # (and a block ahead)
+        with fs.open(f"{server.url}/g.bin", "rb", block_size=100) as handle:
+            handle.seek(1000)
+            server.fault_paths = {"/g.bin": "no_range"}
+            with pytest.raises(DatasetError, match=r"g\.bin: the server ignored an HTTP Range request.*supports Range"):
+                handle.read(10)
+    assert str(info.value) == (
+        f"{url}: bytes [1000, 1110) asked in one range, answered HTTP 206 as 'multipart/byteranges; boundary="
+        f"{BYTERANGES_BOUNDARY}': the range in a multipart body, which HTTP forbids for a single range (RFC 9110 "
+        "15.3.7.2) and fsspec's HTTP reads cannot take apart; serve the dataset from a server (or through a proxy or "
+        "CDN) that answers a single range with its bytes and a Content-Range, or copy it locally"
+    )
+    assert slept == [] and type(info.value) is DatasetError
+
+
 @pytest.mark.parametrize("overridden", ["_cat_file", "cat_file", None])
 def test_a_ranged_cat_file_goes_through_a_subclass_s_own_reads(tmp_path: Path, overridden: str | None) -> None:
     """The ranged cat_file of plain HTTP(S) makes its own GET (read no further than asked, a 416 named), which
