@@ -335,3 +335,19 @@ def test_every_dotted_name_the_docs_give_of_the_package_is_there() -> None:
             checked.append(ref)
     assert len(checked) >= 15, checked
     assert not missing, f"names the docs give that the package no longer has: {missing}"
+
+
+def test_the_layout_gives_every_module_of_the_package_a_line() -> None:
+    """The README's Layout gives each module of ``lerobot_dali/`` a line of its own (``- `name.py`: its job``) and
+    names no module the package lacks: 23 modules (``cache_dirs.py``, ``diagnose.py``, ``errors.py`` ...) had none, and
+    five of the bench's only a ``bench*.py``, so a contributor looking for where something lives was not told."""
+    section = (ROOT / "README.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    modules = {path.name for path in (ROOT / "lerobot_dali").glob("*.py")}
+    lines = re.findall(r"^- `(\w+\.py)`: \S", section, re.M)
+    assert len(modules) >= 100, sorted(modules)
+    unlisted = sorted(modules - set(lines))
+    twice = sorted({name for name in lines if lines.count(name) > 1})
+    gone = sorted(set(re.findall(r"`(\w+\.py)`", section)) - modules)
+    assert not unlisted, f"modules the README's Layout gives no line: {unlisted}"
+    assert not twice, f"modules the README's Layout lists more than once: {twice}"
+    assert not gone, f"modules the README's Layout names that lerobot_dali/ does not have: {gone}"
