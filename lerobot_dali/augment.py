@@ -34,7 +34,8 @@ Order of operations (each skipped when not configured):
    a 1-tap kernel, which is the identity).
 7. Hand-over: ``FHWC`` -> ``FCHW``. Plain float output is ``transpose / 255`` (bit-identical to
    LeRobot's ``frames.float() / 255``); with ``normalize`` it is one fused ``fn.crop_mirror_normalize``
-   with mean and std scaled by 255; ``return_uint8`` is the transpose alone.
+   with mean and std scaled by 255; ``return_uint8`` is the transpose alone. On the CPU the transpose is
+   a uint8 ``fn.crop_mirror_normalize`` (no mean, no std: the same bytes, less CPU).
 
 ``random_subset`` (LeRobot's ``max_num_transforms``) adds no step: a sample the subset does not pick a
 jitter or the affine for gets that step's identity parameters (factor 1, angle and shift 0), drawn on the
@@ -348,6 +349,11 @@ def _hand_over(x: DataNode, normalize: Normalize | None, return_uint8: bool) -> 
             mean=[m * 255.0 for m in normalize.mean],
             std=[s * 255.0 for s in normalize.std],
         )
-    chw = fn.transpose(x, perm=[0, 3, 1, 2], output_layout="FCHW")
+    if x.device == "cpu":
+        # On the CPU, cmn's uint8 -> uint8 re-layout (mean 0, std 1: x * 1 rounds to x) costs ~30% less than
+        # fn.transpose's generic kernel (48 frames of 480x640x3: 17-21 ms against 23-34), the same bytes.
+        chw = fn.crop_mirror_normalize(x, dtype=types.DALIDataType.UINT8, output_layout="FCHW")
+    else:
+        chw = fn.transpose(x, perm=[0, 3, 1, 2], output_layout="FCHW")
     # True division, not cmn's multiply by 1/255, so values match LeRobot's float()/255 bit for bit.
     return chw if return_uint8 else chw / 255
