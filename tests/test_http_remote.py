@@ -716,6 +716,18 @@ def test_a_416_is_named_by_where_the_range_lies(size, content_range: str, said: 
     )
 
 
+def _multipart_refusal(url: str, start: int, end: int) -> str:
+    """The DatasetError's message for bytes ``[start, end)`` of ``url`` answered as the test server's multipart body."""
+    from tests.http_server import BYTERANGES_BOUNDARY
+
+    return (
+        f"{url}: bytes [{start}, {end}) asked in one range, answered HTTP 206 as 'multipart/byteranges; boundary="
+        f"{BYTERANGES_BOUNDARY}': the range in a multipart body, which HTTP forbids for a single range (RFC 9110 "
+        "15.3.7.2) and fsspec's HTTP reads cannot take apart; serve the dataset from a server (or through a proxy or "
+        "CDN) that answers a single range with its bytes and a Content-Range, or copy it locally"
+    )
+
+
 def test_a_single_range_answered_multipart_is_named_as_such(tmp_path: Path, slept) -> None:
     """A range answered 206 as ``multipart/byteranges`` (its one part: HTTP forbids it for a single range, RFC 9110
     15.3.7.2) was named as a server that "ignored an HTTP Range request (it sent the whole file)", which it had not.
@@ -742,12 +754,7 @@ def test_a_single_range_answered_multipart_is_named_as_such(tmp_path: Path, slep
         with pytest.raises(DatasetError) as info:
             fs.cat_file(url, start=1000, end=1010)
         assert [(r.status, r.range) for r in server.records] == [(206, "bytes=1000-1009")]
-    assert str(info.value) == (
-        f"{url}: bytes [1000, 1010) asked in one range, answered HTTP 206 as 'multipart/byteranges; boundary="
-        f"{BYTERANGES_BOUNDARY}': the range in a multipart body, which HTTP forbids for a single range (RFC 9110 "
-        "15.3.7.2) and fsspec's HTTP reads cannot take apart; serve the dataset from a server (or through a proxy or "
-        "CDN) that answers a single range with its bytes and a Content-Range, or copy it locally"
-    )
+    assert str(info.value) == _multipart_refusal(url, 1000, 1010)
     assert slept == [] and type(info.value) is DatasetError
 
 
@@ -758,8 +765,6 @@ def test_a_single_range_answered_multipart_to_an_opened_file_is_named_as_such(tm
     names it as what it is, the same DatasetError as cat_file's; one GET, not retried. A server ignoring Range whose
     file happens to start with ``--`` is still named as ignoring Range."""
     import fsspec
-
-    from tests.http_server import BYTERANGES_BOUNDARY
 
     data = bytes(range(256)) * 400
     (tmp_path / "f.bin").write_bytes(data)
@@ -779,12 +784,7 @@ def test_a_single_range_answered_multipart_to_an_opened_file_is_named_as_such(tm
             server.fault_paths = {"/g.bin": "no_range"}
             with pytest.raises(DatasetError, match=r"g\.bin: the server ignored an HTTP Range request.*supports Range"):
                 handle.read(10)
-    assert str(info.value) == (
-        f"{url}: bytes [1000, 1110) asked in one range, answered HTTP 206 as 'multipart/byteranges; boundary="
-        f"{BYTERANGES_BOUNDARY}': the range in a multipart body, which HTTP forbids for a single range (RFC 9110 "
-        "15.3.7.2) and fsspec's HTTP reads cannot take apart; serve the dataset from a server (or through a proxy or "
-        "CDN) that answers a single range with its bytes and a Content-Range, or copy it locally"
-    )
+    assert str(info.value) == _multipart_refusal(url, 1000, 1110)
     assert slept == [] and type(info.value) is DatasetError
 
 
