@@ -13,6 +13,7 @@ filesystem with reads of its own (its ``_cat_file`` or ``cat_file``: signing, au
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 from fsspec.asyn import sync
@@ -62,10 +63,10 @@ def reads_itself(fs: Any) -> bool:
     that keeps its reads (``_cat_file``, ``cat_file``) as fsspec wrote them. A subclass's own (a user's, adding a
     signature or a token to each read) were bypassed, its requests made unsigned; another filesystem speaking HTTP
     (fsspec's synchronous one) has no event loop to make them on: each is read through its own ``cat_file``."""
-    try:
-        from fsspec.implementations.http import HTTPFileSystem
-    except ImportError:  # (no aiohttp: ``fs`` is not fsspec's HTTPFileSystem)
+    module = sys.modules.get("fsspec.implementations.http")
+    if module is None:  # (never imported: ``fs`` is no HTTPFileSystem, and importing it would load aiohttp)
         return False
+    HTTPFileSystem = module.HTTPFileSystem
     kind = type(fs)
     return (
         isinstance(fs, HTTPFileSystem)

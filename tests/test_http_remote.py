@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import traceback
 from collections import Counter
@@ -835,6 +837,21 @@ def test_a_ranged_cat_file_goes_through_a_subclass_s_own_reads(tmp_path: Path, o
         assert calls == [] and asked == [(416, f"bytes={len(data)}-{len(data) + 9}"), (206, "bytes=1000-2999")]
     else:
         assert calls == [(1000, 3000), (5, 6)] and asked == [(206, "bytes=1000-2999"), (206, "bytes=5-5")]
+
+
+def test_a_ranged_read_of_another_remote_filesystem_loads_no_http_client() -> None:
+    """Whether a ranged read may make its own GET was asked by importing fsspec's HTTP module: every remote
+    filesystem's first ranged read (a Hub, S3 or in-memory dataset's) loaded aiohttp and fsspec's HTTP filesystem,
+    ~0.2 s and their memory in each worker for nothing. A filesystem of that module exists only once it is loaded."""
+    code = (
+        "import sys, fsspec\n"
+        "from lerobot_dali.remote_retry import RetryingFileSystem\n"
+        "memory = fsspec.filesystem('memory'); memory.pipe('/d/v.bin', bytes(range(100)))\n"
+        "assert RetryingFileSystem(memory).cat_file('/d/v.bin', 10, 20) == bytes(range(10, 20))\n"
+        "print(sorted(m for m in ('aiohttp', 'fsspec.implementations.http') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
 
 
 def test_a_plain_http_range_answered_whole_is_read_no_further_than_the_bytes_asked(tmp_path: Path) -> None:
