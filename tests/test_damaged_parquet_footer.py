@@ -154,3 +154,22 @@ def test_cat_file_refuses_bounds_that_cross_asking_nothing(make_ds, tmp_path_fac
         fs.cat_file(url, 3000, 100)
     assert basetemp_server.records == []
     assert fs.cat_file(url, 3000, 3100) == path.read_bytes()[3000:3100]
+
+
+def test_cat_file_resolves_bounds_of_mixed_signs_by_the_file_s_size(make_ds, tmp_path_factory, basetemp_server) -> None:
+    """``[-5, 100)`` of an unstamped file went to fsspec's HTTP read as ``Range: bytes=6777-99`` (its start resolved,
+    its end not): ignored, the whole file (6,782 bytes) came back as the range. One bound from the end and one from
+    the start are now resolved by the file's size first: crossing, refused; else read as that range and checked."""
+    path = _dataset(make_ds) / DATA
+    data = path.read_bytes()
+    url = f"{_url(basetemp_server, path, tmp_path_factory.getbasetemp())}"
+    fs = RetryingFileSystem(fsspec.filesystem("http"))
+    basetemp_server.reset_stats()
+    with pytest.raises(ValueError, match=rf"^bytes \[{len(data) - 5}, 100\) of {url} asked: a range cannot start"):
+        fs.cat_file(url, -5, 100)
+    assert [r.method for r in basetemp_server.records] == ["HEAD"]  # (its size: no range asked)
+    assert fs.cat_file(url, -100, len(data) - 10) == data[-100:-10]
+    assert fs.cat_file(url, 3000, -3000) == data[3000:-3000]
+    assert fs.cat_file(url, -10 * len(data), 40) == data[:40]
+    ranges = [r.range for r in basetemp_server.records if r.range is not None]
+    assert ranges == [f"bytes={len(data) - 100}-{len(data) - 11}", f"bytes=3000-{len(data) - 3001}", "bytes=0-39"]
