@@ -133,6 +133,64 @@ def test_an_unreadable_store_file_is_deleted_and_rebuilt(tmp_path, caplog) -> No
     assert _stored_files(tmp_path) == [stored] and stored.stat().st_size > 1000
 
 
+def _damage_action(stored: Path, action_row: np.ndarray) -> None:
+    """Change one float of ``action_row`` where the stored file holds it, keeping the file's size and layout."""
+    data = stored.read_bytes()
+    at = data.find(action_row.tobytes())
+    assert at > 0 and data.count(action_row.tobytes()) == 1
+    with stored.open("r+b") as file:  # (in place: a process may map it)
+        file.seek(at)
+        file.write(np.float32(action_row[0] + 1000).tobytes())
+
+
+def test_rows_the_disk_changed_in_a_store_file_are_refused_and_the_file_rebuilt(tmp_path, monkeypatch, caplog) -> None:
+    """Arrow IPC keeps no checksum: bytes changed on disk under a mapped copy were served as the episode's actions."""
+    monkeypatch.setattr(column_store_module, "_CONVERT_BATCH_ROWS", 500)  # 6 batches of cr5's 2,733 rows
+    reader = _reader(None)
+    direct = _all_episodes(reader)
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    _damage_action(stored, direct[8]["action"][5])  # a row of the 4th batch (rows 1500-1999)
+    start = int(reader.episodes.data_row_start[8]) + 5
+    assert 1500 <= start < 2000
+
+    store = ColumnStore(tmp_path, **SMALL)
+    damaged = _reader(store)
+    caplog.set_level(logging.INFO, logger="lerobot_dali.column_store")
+    _assert_same([damaged.read_episode(pos) for pos in range(3)], direct[:3])  # batches 0-1: checked, intact
+    assert not caplog.records
+    _assert_same(_all_episodes(damaged), direct)
+    [warned] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "rows 1500-1999 of" in warned and "disagree with their checksum" in warned and "deleting it" in warned
+    assert sum("column store: wrote 2733 rows" in r.getMessage() for r in caplog.records) == 1  # converted again
+    [rebuilt] = _stored_files(tmp_path)
+    assert rebuilt.read_bytes().count(direct[8]["action"][5].tobytes()) == 1
+
+    # The copy damaged again in the same process: read from the parquet from then on, the copy not written again.
+    _damage_action(rebuilt, direct[8]["action"][5])
+    damaged.column_store._open.clear()  # (as a process that mapped it after the damage)
+    caplog.clear()
+    _assert_same(_all_episodes(damaged), direct)
+    [warned] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "its second copy was damaged too" in warned
+    assert not _stored_files(tmp_path) and not [r for r in caplog.records if "wrote" in r.getMessage()]
+
+
+def test_a_store_file_without_checksums_is_refused_and_rebuilt(tmp_path, caplog) -> None:
+    direct = _all_episodes(_reader(None))
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
+    [stored] = _stored_files(tmp_path)
+    table = pa.ipc.open_file(pa.BufferReader(stored.read_bytes())).read_all()
+    with pa.ipc.new_file(str(stored), table.schema) as writer:  # same key and rows, batches without metadata
+        writer.write_table(table)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        _assert_same(_all_episodes(_reader(ColumnStore(tmp_path, **SMALL))), direct)
+    assert any("holds record batches without a checksum" in r.getMessage() for r in caplog.records)
+    [rebuilt] = _stored_files(tmp_path)
+    with pa.memory_map(str(rebuilt)) as source:
+        assert pa.ipc.open_file(source).get_batch_with_custom_metadata(0)[1] is not None
+
+
 def test_a_store_file_replaced_while_found_damaged_is_kept(tmp_path) -> None:
     """A map that found a damaged file deleted the path after: the good copy another process had renamed over it
     meanwhile went too, and the data file was converted again."""
