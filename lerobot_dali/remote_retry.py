@@ -111,14 +111,12 @@ def _check_block_fetches(inner: Any, path: str) -> None:
     cache.fetcher = checked  # type: ignore[union-attr]  # (fetch is not None: neither is cache)
 
 
-def _check_bounds(path: str, start: int | None, end: int | None, size: int | None) -> None:
-    """Raise ValueError for bounds ``[start, end)`` that cross (see :meth:`RetryingFileSystem.cat_file`). A negative
-    bound of a file whose size is not stamped is left to the filesystem, which asks the size itself (both bounds
-    negative; one negative only is resolved first, :func:`_mixed_signs`)."""
+def _check_bounds(path: str, start: int | None, end: int | None) -> None:
+    """Raise ValueError for bounds ``[start, end)`` that cross (see :meth:`RetryingFileSystem.cat_file`): of the
+    same sign (both negative where the file's size is not known: left to the filesystem, which asks it itself)."""
     if not (isinstance(start, int) and isinstance(end, int)):
         return
-    first, stop = (bound + size if bound < 0 and size is not None else bound for bound in (start, end))
-    if 0 <= stop < first:
+    if (start < 0) == (end < 0) and start > end:
         raise ValueError(masked(f"bytes [{start}, {end}) of {path} asked: a range cannot start past its end"))
 
 
@@ -658,15 +656,17 @@ class RetryingFileSystem(fsspec.AbstractFileSystem):
         """The wrapped filesystem's bytes, retried; a range of bytes (``start`` and ``end`` from the file's start)
         checked to hold them (:func:`~.request_checks.checked_range`, with the stamped size where ``path`` is
         stamped): fsspec's HTTP ``cat_file`` returned a short answer short, and a server's whole file for a range it
-        ignored. Bounds that cross (``start`` past ``end``, either from the file's end where negative and its size is
-        stamped) raise ValueError before any request: sent as a Range, a server ignores it and sends the whole file."""
+        ignored. Bounds from the file's end are resolved by its size where it is stamped (fsspec asked the server for
+        it, a HEAD per read) or where the other bound is from its start (asked once). Bounds that cross then raise
+        ValueError before any request: sent as a Range, a server ignores it and sends the whole file."""
 
         stamps = self._stamps_holding(path)
         size = None if stamps is None else int(stamps[path].size)
         if size is None and _mixed_signs(start, end):  # (whether they cross is the file's size's to say)
             size = int(self.size(path))
-            start, end = (max(0, bound + size) if bound < 0 else bound for bound in (start, end))  # type: ignore[operator]
-        _check_bounds(path, start, end, size)
+        if size is not None:  # (from the start: read as a checked range, fsspec asks no size again)
+            start, end = (max(0, b + size) if isinstance(b, int) and b < 0 else b for b in (start, end))
+        _check_bounds(path, start, end)
         ranged = isinstance(start, int) and isinstance(end, int) and 0 <= start <= end
         nbytes = end - start if ranged else (size if start is None and end is None else None)  # type: ignore[operator]
 

@@ -18,6 +18,7 @@ import pytest
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.episode_ranges import EpisodeRanges, row_group_spans
 from lerobot_dali.errors import DataFileError
+from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.remote_retry import RetryingFileSystem
 from tests.http_server import FolderServer
@@ -173,3 +174,22 @@ def test_cat_file_resolves_bounds_of_mixed_signs_by_the_file_s_size(make_ds, tmp
     assert fs.cat_file(url, -10 * len(data), 40) == data[:40]
     ranges = [r.range for r in basetemp_server.records if r.range is not None]
     assert ranges == [f"bytes={len(data) - 100}-{len(data) - 11}", f"bytes=3000-{len(data) - 3001}", "bytes=0-39"]
+
+
+def test_cat_file_resolves_bounds_from_the_end_by_the_stamped_size(make_ds, tmp_path_factory, basetemp_server) -> None:
+    """Bounds from the file's end of a stamped file went to fsspec unresolved: it asked the server for the size the
+    stamp holds (a HEAD per read) and the answer was handed out unchecked."""
+    path = _dataset(make_ds) / DATA
+    data = path.read_bytes()
+    url = f"{_url(basetemp_server, path, tmp_path_factory.getbasetemp())}"
+    fs = RetryingFileSystem(fsspec.filesystem("http"))
+    fs.pin({url: FileStamp(len(data))})
+    basetemp_server.reset_stats()
+    assert fs.cat_file(url, -100, -10) == data[-100:-10]
+    with pytest.raises(ValueError, match=r"a range cannot start past its end$"):
+        fs.cat_file(url, -5, 100)  # (no request)
+    assert fs.cat_file(url, 3000, -3000) == data[3000:-3000]
+    assert [(r.method, r.range) for r in basetemp_server.records] == [
+        ("GET", f"bytes={len(data) - 100}-{len(data) - 11}"),
+        ("GET", f"bytes=3000-{len(data) - 3001}"),
+    ]
