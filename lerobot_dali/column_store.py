@@ -513,16 +513,24 @@ def _write_arrow(parquet: pq.ParquetFile, columns: list[str], key: str, sink: An
                 return
             except (OSError, pa.ArrowException) as e:
                 raise _DataReadError(e) from e
-            # (summed as the file will hold it: IPC writes a buffer cut to its length, a decoded one may be longer)
-            written = pa.ipc.read_record_batch(batch.serialize(), batch.schema)
-            writer.write_batch(batch, custom_metadata={_SUM_METADATA: _batch_sum(written)})
+            writer.write_batch(batch, custom_metadata={_SUM_METADATA: _batch_sum(_as_written(batch))})
+
+
+def _as_written(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` as IPC writes it (a buffer cut to its length: a decoded one may be longer), dictionaries too."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as stream:
+        stream.write_batch(batch)
+    return pa.ipc.open_stream(sink.getvalue()).read_next_batch()
 
 
 def _batch_sum(batch: pa.RecordBatch) -> bytes:
-    """The crc32 of ``batch``'s buffers: damage, not tampering, is what a check finds (sha256 costs twice as much)."""
+    """The crc32 of ``batch``'s buffers and its columns' dictionaries (a nested one's values go unchecked): damage,
+    not tampering, is what a check finds (sha256 costs twice as much)."""
     crc = 0
     for column in batch.columns:
-        for buffer in column.buffers():
+        arrays = [column, column.dictionary] if isinstance(column, pa.DictionaryArray) else [column]
+        for buffer in itertools.chain.from_iterable(a.buffers() for a in arrays):
             if buffer is not None:
                 crc = zlib.crc32(buffer, crc)
     return b"%08x" % crc

@@ -176,6 +176,44 @@ def test_rows_the_disk_changed_in_a_store_file_are_refused_and_the_file_rebuilt(
     assert not _stored_files(tmp_path) and not [r for r in caplog.records if "wrote" in r.getMessage()]
 
 
+def test_dictionary_columns_are_stored_and_their_values_checked(tmp_path, monkeypatch, caplog) -> None:
+    """A string column written from a dictionary comes back as one: its values lie in the file's dictionary batch,
+    apart from the record batches (and summing a batch by IPC's one-batch serialization refused dictionaries)."""
+    monkeypatch.setattr(column_store_module, "_CONVERT_BATCH_ROWS", 1000)
+    data = tmp_path / "data.parquet"
+    names = [["pick", "place", "push"][i % 3] for i in range(5000)]
+    pq.write_table(pa.table({"n": range(5000), "task": pa.array(names).dictionary_encode()}), data, row_group_size=5000)
+    parquet = pq.ParquetFile(data)
+    assert pa.types.is_dictionary(parquet.schema_arrow.field("task").type)
+
+    def rows(store: ColumnStore, start: int) -> pa.Table | None:
+        return store.rows(
+            parquet,
+            threading.RLock(),
+            path=str(data),
+            stamp=stamp_from_stat(data.stat()),
+            stored_columns=["n", "task"],
+            columns=["task", "n"],
+            row_start=start,
+            length=300,
+        )
+
+    store = ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4)
+    for start in (0, 2900, 4700):
+        got = rows(store, start)
+        assert got is not None and got["task"].to_pylist() == names[start : start + 300]
+        assert got["n"].to_pylist() == list(range(start, start + 300))
+    [stored] = _stored_files(tmp_path / "store")
+    raw = stored.read_bytes()
+    assert raw.count(b"pickplacepush") == 1
+    with stored.open("r+b") as file:  # the dictionary's values, in place
+        file.seek(raw.find(b"pickplacepush"))
+        file.write(b"kcip")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        assert rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 2900) is None
+    assert any("rows 2000-2999 of" in r.getMessage() for r in caplog.records)
+
+
 def test_a_store_file_without_checksums_is_refused_and_rebuilt(tmp_path, caplog) -> None:
     direct = _all_episodes(_reader(None))
     _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))
