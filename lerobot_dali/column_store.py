@@ -39,6 +39,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -525,12 +526,36 @@ def _as_written(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _batch_sum(batch: pa.RecordBatch) -> bytes:
-    """The crc32 of ``batch``'s buffers and its columns' dictionaries (a nested one's values go unchecked): damage,
-    not tampering, is what a check finds (sha256 costs twice as much)."""
+    """The crc32 of ``batch``'s buffers and its dictionaries' (at any depth): damage, not tampering, is what a check
+    finds (sha256 costs twice as much)."""
     crc = 0
-    for column in batch.columns:
-        arrays = [column, column.dictionary] if isinstance(column, pa.DictionaryArray) else [column]
-        for buffer in itertools.chain.from_iterable(a.buffers() for a in arrays):
+    for array in itertools.chain.from_iterable(_summed_arrays(column) for column in batch.columns):
+        for buffer in array.buffers():
             if buffer is not None:
                 crc = zlib.crc32(buffer, crc)
     return b"%08x" % crc
+
+
+def _summed_arrays(array: pa.Array) -> Iterator[pa.Array]:
+    """``array`` and every dictionary within it: its buffers() hold its children's but only a dictionary's indices
+    (a column's, a list's, a struct field's), whose values IPC writes in a batch of their own."""
+    yield array
+    if pa.types.is_dictionary(array.type):
+        yield from _summed_arrays(array.dictionary)
+        return
+    for child in _children(array):
+        if _holds_dictionary(child.type):
+            yield from itertools.islice(_summed_arrays(child), 1, None)  # (its buffers are among array's)
+
+
+def _children(array: pa.Array) -> list[pa.Array]:
+    if isinstance(array, (pa.StructArray, pa.UnionArray)):
+        return [array.field(i) for i in range(array.type.num_fields)]
+    values = getattr(array, "values", None)  # lists, maps, fixed-size lists, list views, run-end encoded
+    return [values] if isinstance(values, pa.Array) else []
+
+
+def _holds_dictionary(data_type: pa.DataType) -> bool:
+    return pa.types.is_dictionary(data_type) or any(
+        _holds_dictionary(data_type.field(i).type) for i in range(data_type.num_fields)
+    )
