@@ -25,7 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from . import errors, io_stats
 from .augment_config import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
-from .clips import build_clip, plan_clip, read_packet_payloads, remux_clip
+from .clips import build_clip, joined_for_one_pass, plan_clip, read_packet_payloads, remux_clip
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dali_video import DALI_CPU_CODECS
@@ -639,7 +639,9 @@ class BatchSource:
                     for run in _clip_runs(members, [plans[i].payload_bytes(listed[i][1]) for i in members]):
                         payloads = [read_packet_payloads(source, listed[i][1], plans[i], filesystem=fs) for i in run]
                         for i, packets in zip(run, payloads, strict=True):
-                            clips[i] = remux_clip(listed[i][1], plans[i], packets)
+                            index = listed[i][1]
+                            plans[i], packets = joined_for_one_pass(source, index, plans[i], packets, filesystem=fs)
+                            clips[i] = remux_clip(index, plans[i], packets)
         return clips, [plan.relative_indices for plan in plans]  # (int32 already)
 
 

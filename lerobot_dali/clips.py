@@ -13,7 +13,9 @@ before them and reference the previous GOP; a clip starting at such a keyframe d
 they are not decodable there and decoders differ in whether they emit or skip them. Such a keyframe also
 does not reset the decoder as an IDR does: after an earlier run, its pictures would be predicted from that
 run's stale references (wrong frames with the right timestamps) or reordered with them. So in files with
-open GOPs a clip is one unbroken run, from the first needed keyframe to the last needed frame.
+open GOPs a clip is one unbroken run, from the first needed keyframe to the last needed frame; and where an
+open-GOP keyframe has no leading pictures (the index cannot tell it from an IDR), a run starting there is joined
+to the one before once its first packet shows it (:func:`joined_for_one_pass`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from .errors import FrameRequestError, VideoDecodeError
 from .frame_checks import mid_gop_error
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, ReadAt, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
+from .random_access import nal_layout, resets_decoder
 from .video_source import VideoSource, open_video_source
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "ClipPlan",
     "build_clip",
     "check_request",
+    "joined_for_one_pass",
     "packets_from_keyframe",
     "packets_read_at",
     "plan_clip",
@@ -206,6 +210,38 @@ def _ahead(runs: list[tuple[int, int]], lookahead: int, frame_count: int) -> lis
         return runs
     starts = [start for start, _ in runs[1:]] + [frame_count]
     return [(start, min(stop + lookahead, next_start)) for (start, stop), next_start in zip(runs, starts, strict=True)]
+
+
+def joined_for_one_pass(
+    source: VideoSource, index: PacketIndex, plan: ClipPlan, payloads: list[bytes], *, filesystem: Any | None = None
+) -> tuple[ClipPlan, list[bytes]]:
+    """``plan`` and its ``payloads`` as one decoder pass takes them (a clip's): each run whose keyframe would not
+    reset the decoder after the run before (an H.264 I picture at a recovery point, an HEVC CRA: module docstring)
+    joined to that run, the packets between read too. FFmpeg dropped such a keyframe's picture from an x264 open-GOP
+    clip whose runs were cut apart (9 packets, 8 frames out), which shifts every later frame of the clip."""
+    joined = _runs_joined_at_open_keyframes(index, plan, payloads)
+    if joined is None:
+        return plan, payloads
+    return joined, read_packet_payloads(source, index, joined, filesystem=filesystem)
+
+
+def _runs_joined_at_open_keyframes(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> ClipPlan | None:
+    if len(plan.segments) < 2 or index.codec not in ("h264", "hevc"):  # (other codecs' keyframes reset the decoder)
+        return None
+    layout = nal_layout(index.codec, template_container(index).streams.video[0].codec_context.extradata)
+    firsts = np.searchsorted(plan.packet_positions, [start for start, _ in plan.segments[1:]]).tolist()
+    segments = [plan.segments[0]]
+    for (start, stop), first in zip(plan.segments[1:], firsts, strict=True):
+        if layout is not None and resets_decoder(layout, payloads[first]):  # (Annex B: not read, so joined)
+            segments.append((start, stop))
+        else:
+            segments[-1] = (segments[-1][0], stop)
+    if len(segments) == len(plan.segments):
+        return None
+    requested = np.sort(index.display_rank[plan.packet_positions])[plan.relative_indices]
+    positions = np.concatenate([np.arange(start, stop) for start, stop in segments])
+    relative = np.searchsorted(np.sort(index.display_rank[positions]), requested)
+    return ClipPlan(segments=tuple(segments), packet_positions=positions, relative_indices=relative.astype(np.int32))
 
 
 def read_packet_payloads(
@@ -397,6 +433,7 @@ def build_clip(
     """
     plan = plan_clip(index, frame_indices)
     payloads = read_packet_payloads(source, index, plan, filesystem=filesystem)
+    plan, payloads = joined_for_one_pass(source, index, plan, payloads, filesystem=filesystem)
     data = remux_clip(index, plan, payloads)
     payload_bytes = plan.payload_bytes(index)
     if logger.isEnabledFor(logging.DEBUG):  # (its arguments cost ~1 us a clip, of every sample of a clip route)

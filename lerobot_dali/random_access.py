@@ -10,6 +10,10 @@ there, withholds the frames it cannot prove recovered (2 of the 3 after a scene 
 it. An HEVC packet is one when its first VCL NAL unit is an IRAP picture (BLA, IDR, CRA: types 16-21); x265's intra
 refresh writes no such flag, but another muxer might.
 
+A random-access point need not start the decoder afresh: only an IDR (HEVC: IDR, BLA) begins a new coded video
+sequence; an open-GOP keyframe decoded after other pictures keeps their state (:func:`resets_decoder`, which a clip's
+runs are joined by).
+
 Only length-prefixed NAL units (MP4/MKV ``avcC``/``hvcC`` extradata) are read; Annex B streams (start codes) and
 other codecs keep their flags (:func:`nal_layout` returns None).
 """
@@ -20,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["HEAD_BYTES", "NalLayout", "is_random_access", "nal_layout"]
+__all__ = ["HEAD_BYTES", "NalLayout", "is_random_access", "nal_layout", "resets_decoder"]
 
 #: Bytes read at once from a packet: its first NAL units' headers and the first slice's header fit (x264's
 #: recovery point SEI is 6 bytes); a larger NAL unit before the slice (x264's first SEI, ~700 bytes) costs a read more.
@@ -34,6 +38,7 @@ _H264_INTRA_SLICE_TYPES = frozenset({2, 4})  # (slice_type % 5: I, SI)
 _H264_SEI = 6
 _H264_RECOVERY_POINT = 6  # (the SEI payloadType)
 _HEVC_IRAP = range(16, 22)  # (BLA_W_LP .. CRA_NUT)
+_HEVC_NEW_SEQUENCE = range(16, 21)  # (BLA_W_LP .. IDR_N_LP: a CRA after other pictures starts none)
 _HEVC_FIRST_NON_VCL = 32
 
 #: Reads ``length`` bytes of the packet from byte ``offset`` of it (fewer at its end).
@@ -108,6 +113,26 @@ def is_random_access(layout: NalLayout, read: ReadBytes, size_bytes: int) -> boo
                 seis.append((position + prefix + 1, unit_size - 1))
         position += prefix + unit_size
     return None
+
+
+def resets_decoder(layout: NalLayout, packet: bytes) -> bool:
+    """Whether ``packet`` (a random-access point) starts a new coded video sequence, which a decoder begins afresh
+    after whatever it decoded before: an H.264 IDR picture, an HEVC IDR or BLA one. An open-GOP keyframe (an H.264 I
+    picture at a recovery point, an HEVC CRA) does not: decoded after other pictures, it keeps their frame numbers,
+    picture order counts and references, and a decoder may withhold or misorder what follows. False where the packet
+    does not parse."""
+    prefix, position = layout.length_size, 0
+    while position + prefix < len(packet):
+        unit_size = int.from_bytes(packet[position : position + prefix], "big")
+        if unit_size < 2:
+            return False
+        header = packet[position + prefix]
+        if layout.codec == "hevc" and (header >> 1) & 0x3F < _HEVC_FIRST_NON_VCL:
+            return (header >> 1) & 0x3F in _HEVC_NEW_SEQUENCE
+        if layout.codec == "h264" and header & 0x1F in _H264_VCL:
+            return header & 0x1F == _H264_IDR
+        position += prefix + unit_size
+    return False
 
 
 def _recovers_here(payload: bytes) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import io
+
+import av
 import numpy as np
 import pytest
 
@@ -119,6 +122,30 @@ def test_a_batchs_clips_are_each_requests_own_clip(make_ds, monkeypatch: pytest.
         assert relative.dtype == np.int32 and relative.tolist() == alone.relative_indices.tolist()
     # Sample 0 (episode 2's frame 0, its file's frame 40, a keyframe) pads twice; sample 1 (frame 19) once at the end.
     assert indices[0].tolist() == [0, 0, 2] and indices[1][1] == indices[1][2] > indices[1][0]
+
+
+def test_a_batchs_clips_join_runs_at_open_gop_keyframes(make_ds, tmp_path) -> None:
+    """The batch's clip passes join a request's runs where build_clip does (at a keyframe that is no IDR: x264's
+    open-GOP I pictures without leading pictures): each clip is build_clip's and decodes, in one pass, to its
+    frames (cut apart, frames 4 and 33 came out as others)."""
+    from lerobot_dali.clips import build_clip
+    from lerobot_dali.packet_index import build_packet_index
+    from tests.video_fixtures import encode_open_keyframes, reference_frames
+
+    root = make_ds(episodes=6, frames_per_episode=20, cameras=1, episodes_per_file=3, codec="h264", gop=4)
+    source = _source(root, {camera_key(0): [0.0]})
+    path = encode_open_keyframes(tmp_path / "open_keyframes.mp4")
+    index = build_packet_index(path)
+    requests = [(str(path), index, np.array(numbers)) for numbers in ([4, 33], [33, 4, 4], [10], [0, 39, 20])]
+    clips, relative = source._clips(requests)
+    reference = reference_frames(path)
+    for (_, _, numbers), data, indices in zip(requests, clips, relative, strict=True):
+        alone = build_clip(path, index, numbers)
+        assert data.tobytes() == alone.data.tobytes() and indices.tolist() == alone.relative_indices.tolist()
+        with av.open(io.BytesIO(data.tobytes())) as container:
+            frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+        for number, at in zip(numbers.tolist(), indices.tolist(), strict=True):
+            np.testing.assert_array_equal(frames[at], reference[int(index.frame_pts[number])])
 
 
 def test_clip_runs_hold_up_to_the_pass_bytes_each_a_larger_clip_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,6 +30,7 @@ from tests.video_fixtures import (
     MarkerVideo,
     cr5_episodes,
     cr5_video,
+    encode_open_keyframes,
     gr00t_video,
     r1_video,
     reference_frames,
@@ -370,6 +371,37 @@ def test_open_gop_frames_by_every_route(tmp_path: Path, codec: str) -> None:
     windows += [np.array([a, b]) for a in range(0, 90, 6) for b in range(a + 5, 90, 8)]
     _check_clips(path, index, windows)
     _check_cpu_decodes(path, index, windows, packets=True)
+
+
+@pytest.mark.parametrize("container_format", ["mp4", "matroska"])
+def test_runs_cut_apart_at_an_open_gop_keyframe_without_leading_pictures_are_joined(
+    tmp_path: Path, container_format: str
+) -> None:
+    """x264's open-GOP keyframes need not be followed by leading pictures, so the index takes the file for closed
+    GOPs; a sparse request's runs, cut apart at such a keyframe, were decoded in one pass from stale references: 39 of
+    91 pairs of frames 3 apart or more came out wrong or missing (PyAV). The clip now joins runs at keyframes that are
+    no IDR (the packets between read too); the CPU routes, which reset the decoder between runs, keep them apart."""
+    suffix = {"mp4": "mp4", "matroska": "mkv"}[container_format]
+    path = encode_open_keyframes(tmp_path / f"open_keyframes.{suffix}", container_format=container_format)
+    index = build_packet_index(path)
+    assert not index.has_leading_pictures and len(index.keyframe_positions) > 10  # (else the closed-GOP tests)
+    windows = [np.array(pair) for pair in itertools.combinations(range(0, 40, 3), 2)]
+    _check_clips(path, index, windows)
+    clip = build_clip(path, index, [4, 33])  # one run, from the keyframe before frame 4 on: every frame between
+    first, last = clip.relative_indices.tolist()
+    assert last - first == 29 and clip.frame_count == last + 1
+    _check_cpu_decodes(path, index, windows, packets=True)
+    assert len(plan_clip(index, [4, 33]).segments) == 2  # (the packet decoder's plan keeps its runs apart)
+
+
+def test_runs_cut_apart_at_idr_keyframes_stay_apart(marker_video: MarkerVideo) -> None:
+    """An IDR resets the decoder: a sparse H.264 or HEVC clip keeps only its runs, not the packets between."""
+    for codec in ("h264", "hevc"):
+        path = marker_video(codec, 2)
+        index = build_packet_index(path)
+        clip = build_clip(path, index, [5, 60])
+        assert clip.frame_count == len(plan_clip(index, [5, 60]).packet_positions) < 10
+        _check_clips(path, index, [np.array([5, 60]), np.array([61, 3, 30])])
 
 
 def test_r1_h264_b_frames_clips() -> None:

@@ -15,7 +15,7 @@ from lerobot_dali.cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFram
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
-from lerobot_dali.random_access import NalLayout, is_random_access, nal_layout
+from lerobot_dali.random_access import NalLayout, is_random_access, nal_layout, resets_decoder
 from tests.test_clips import _decode_clip, _encode_open_gop
 from tests.test_packet_file_reader import _encode_scene_cut_open_gop
 from tests.test_packet_index_remote import CountingReader, demux_index, index_source  # noqa: F401 (a fixture)
@@ -206,6 +206,25 @@ def test_hevc_irap_and_stream_layouts() -> None:
     assert nal_layout("h264", bytes([1, 0x64, 0, 0x0A, 0xFD, 0xE1, 0])) == NalLayout("h264", 2)
     assert nal_layout("h264", b"\x00\x00\x00\x01\x67") is None  # (Annex B)
     assert nal_layout("av1", bytes([1] * 30)) is None
+
+
+def test_only_idr_and_bla_pictures_start_a_decoder_afresh() -> None:
+    """A clip joins its runs at a keyframe unless it starts a new coded video sequence: an H.264 IDR (after SEI or
+    a delimiter), an HEVC IDR or BLA; not an I picture at a recovery point, an HEVC CRA, a P slice or an unparsed
+    packet."""
+    h264 = NalLayout("h264", 4)
+    assert resets_decoder(h264, _avcc(b"\x06\x05\x01\x80", b"\x65\x88"))
+    assert resets_decoder(h264, _avcc(b"\x09\x10", b"\x65\x88"))
+    assert not resets_decoder(h264, _avcc(_RECOVERY, b"\x41\xb8"))  # (a random-access point all the same)
+    assert not resets_decoder(h264, _avcc(b"\x41\xc0"))
+    assert not resets_decoder(h264, _avcc(b"\x06\x05"))  # (no slice)
+    assert not resets_decoder(h264, b"\x00\x00\x00\x01\x65")  # (a unit too short to hold a header)
+    assert not resets_decoder(NalLayout("h264", 2), _avcc(b"\x65\x88"))  # (read with another prefix: no IDR)
+
+    def hevc(unit_type: int) -> bool:
+        return resets_decoder(NalLayout("hevc", 4), _avcc(bytes([39 << 1, 1, 0xAF]), bytes([unit_type << 1, 1, 0xAF])))
+
+    assert [t for t in range(32) if hevc(t)] == list(range(16, 21))
 
 
 def test_a_scene_cut_idr_second_does_not_hide_the_flagged_p_frames(tmp_path: Path) -> None:

@@ -136,6 +136,23 @@ def encode_intra_refresh(path: Path, frames: list[np.ndarray], *, fps: int = FPS
     return path
 
 
+def encode_open_keyframes(path: Path, frames: int = 40, *, container_format: str = "mp4") -> Path:
+    """x264 open-GOP keyframes without leading pictures: every keyframe after the first an I picture at a recovery
+    point (no IDR), none followed by B-pictures shown before it, so the packet index cannot tell them from IDRs. Marker
+    frames (episode 0, frame i) at pts i / 50 s."""
+    with av.open(str(path), "w", format=container_format) as container:
+        stream = container.add_stream("libx264", rate=50)
+        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        params = "keyint=3:min-keyint=1:open-gop=1:b-adapt=0:b-pyramid=none:scenecut=100"
+        stream.options = {"preset": "medium", "bf": "2", "x264-params": params}
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(draw_marker(0, i, 64, 96), format="rgb24")
+            frame.pts = i
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return path
+
+
 def flagged_keyframes(path: Path | str) -> list[int]:
     """Decode positions of the packets the container flags as keyframes (demuxed, as FFmpeg reads the file)."""
     with av.open(str(path)) as container:
