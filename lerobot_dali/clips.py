@@ -218,11 +218,30 @@ def joined_for_one_pass(
     """``plan`` and its ``payloads`` as one decoder pass takes them (a clip's): each run whose keyframe would not
     reset the decoder after the run before (an H.264 I picture at a recovery point, an HEVC CRA: module docstring)
     joined to that run, the packets between read too. FFmpeg dropped such a keyframe's picture from an x264 open-GOP
-    clip whose runs were cut apart (9 packets, 8 frames out), which shifts every later frame of the clip."""
+    clip whose runs were cut apart (9 packets, 8 frames out), which shifts every later frame of the clip.
+
+    Only the packets between the joined runs are read (:func:`_gaps_plan`); the runs' own are kept."""
     joined = _runs_joined_at_open_keyframes(index, plan, payloads)
     if joined is None:
         return plan, payloads
-    return joined, read_packet_payloads(source, index, joined, filesystem=filesystem)
+    gaps = _gaps_plan(index, plan, joined)
+    between = read_packet_payloads(source, index, gaps, filesystem=filesystem)
+    by_position = dict(zip(plan.packet_positions.tolist(), payloads, strict=True))
+    by_position.update(zip(gaps.packet_positions.tolist(), between, strict=True))
+    return joined, [by_position[p] for p in joined.packet_positions.tolist()]
+
+
+def _gaps_plan(index: PacketIndex, plan: ClipPlan, joined: ClipPlan) -> ClipPlan:
+    """The packets ``joined`` holds and ``plan`` does not, as a plan to read: each gap a segment from the keyframe at or
+    before it (where a demuxer can seek; a byte-exact read takes the gap's packets alone)."""
+    held = np.zeros(index.frame_count, dtype=bool)
+    held[plan.packet_positions] = True
+    missing = joined.packet_positions[~held[joined.packet_positions]]
+    starts = missing[np.flatnonzero(np.diff(missing, prepend=-2) != 1)]
+    stops = missing[np.flatnonzero(np.diff(missing, append=index.frame_count + 1) != 1)] + 1
+    keys = index.keyframe_positions[index.keyframe_slots(starts)]
+    segments = tuple(zip(keys.tolist(), stops.tolist(), strict=True))
+    return ClipPlan(segments=segments, packet_positions=missing, relative_indices=np.empty(0, np.int32))
 
 
 def _runs_joined_at_open_keyframes(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> ClipPlan | None:

@@ -394,6 +394,33 @@ def test_runs_cut_apart_at_an_open_gop_keyframe_without_leading_pictures_are_joi
     assert len(plan_clip(index, [4, 33]).segments) == 2  # (the packet decoder's plan keeps its runs apart)
 
 
+@pytest.mark.parametrize("container_format", ["mp4", "matroska"])
+def test_runs_joined_at_open_keyframes_read_only_the_packets_between(
+    tmp_path: Path, container_format: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Joining runs reads the packets between them alone (by byte range in MP4, demuxed from the keyframe before each
+    gap in Matroska), not the joined clip's packets again: the runs' own were read already."""
+    suffix = {"mp4": "mp4", "matroska": "mkv"}[container_format]
+    path = encode_open_keyframes(tmp_path / f"open_keyframes.{suffix}", container_format=container_format)
+    index = build_packet_index(path)
+    reads: list[list[int]] = []
+    read = clips.read_packet_payloads
+
+    def spy(source: Any, index: PacketIndex, plan: clips.ClipPlan, **kwargs: Any) -> list[bytes]:
+        reads.append(plan.packet_positions.tolist())
+        return read(source, index, plan, **kwargs)
+
+    monkeypatch.setattr(clips, "read_packet_payloads", spy)
+    window = np.array([33, 4, 20])
+    runs = plan_clip(index, window)
+    assert len(runs.segments) == 3
+    clip = build_clip(path, index, window)
+    gaps = [p for p in range(runs.segments[0][0], runs.segments[-1][1]) if p not in set(runs.packet_positions.tolist())]
+    assert reads == [runs.packet_positions.tolist(), gaps] and len(gaps) > 10
+    assert clip.frame_count == runs.segments[-1][1] - runs.segments[0][0]
+    _check_clips(path, index, [window])
+
+
 def test_runs_cut_apart_at_idr_keyframes_stay_apart(marker_video: MarkerVideo) -> None:
     """An IDR resets the decoder: a sparse H.264 or HEVC clip keeps only its runs, not the packets between."""
     for codec in ("h264", "hevc"):
