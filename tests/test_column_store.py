@@ -11,6 +11,8 @@ import logging
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -828,18 +830,27 @@ def test_what_converters_of_earlier_runs_killed_mid_write_left_is_deleted(tmp_pa
     assert len(_stored_files(tmp_path)) == 1
 
 
+_EARLIER_RUN = """
+import sys, threading
+import pyarrow.parquet as pq
+from lerobot_dali.column_store import ColumnStore
+from lerobot_dali.file_stamps import FileStamp
+store = ColumnStore(sys.argv[1], min_group_rows=1000, min_ratio=4)
+stamp = FileStamp(int(sys.argv[4]), "run:an-earlier-run")
+rows = store.rows(pq.ParquetFile(sys.argv[3]), threading.Lock(), path=sys.argv[2], stamp=stamp,
+                  stored_columns=["index"], columns=["index"], row_start=0, length=5)
+assert rows is not None
+"""
+
+
 def test_a_copy_of_an_earlier_run_when_the_file_had_another_size_is_deleted(tmp_path, monkeypatch) -> None:
     """The copies a run supersedes were found by a name holding the file's size: one of the file at another size (a
-    server without versions rewrote it) was never found, and stayed until the sweep (2 copies after 2 runs; 1 now)."""
+    server without versions rewrote it) was never found, and stayed until the sweep (2 copies after 2 runs; 1 now).
+    The earlier run is an earlier process, ended (one in this process releases its maps' locks with a lag)."""
     remote = _unversioned_run(monkeypatch)
     path, stamp = remote.data_path(0), _stamp(remote)
-    store = ColumnStore(tmp_path, **SMALL)
-    earlier = FileStamp(stamp.size + 100, "run:an-earlier-run")
-    assert store.rows(
-        remote._parquet.get(path), threading.Lock(), path=path, stamp=earlier, stored_columns=["index"],
-        columns=["index"], row_start=0, length=5,
-    ) is not None  # fmt: skip
-    del store
+    local = _reader(None).data_path(0)
+    subprocess.run([sys.executable, "-c", _EARLIER_RUN, str(tmp_path), path, local, str(stamp.size + 100)], check=True)
     assert len(_stored_files(tmp_path)) == 1
     remote.column_store = ColumnStore(tmp_path, **SMALL)
     rows = remote.column_store.rows(
