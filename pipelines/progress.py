@@ -81,10 +81,15 @@ class RunRecord:
 
 
 #: Why a loss is not finite (:class:`FiniteLoss`).
-_NOT_FINITE_CAUSE = (
-    f"held NaN or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads "
-    "them), or training diverged, and the weights are NaN from there on"
+_NOT_FINITE_DATA = (
+    f"NaN or infinity in its {STATE_KEY!r} or {ACTION_KEY!r} (read as the data files hold them, as LeRobot reads them)"
 )
+_NOT_FINITE_CAUSE = f"held {_NOT_FINITE_DATA}, or training diverged, and the weights are NaN from there on"
+
+
+#: Steps in a row whose loss was not finite, each skipped by fp16's gradient scaler, that refuse the run
+#: (:class:`FiniteLoss`): the scaler halves its scale at each, which no overflow it recovers from takes so many times.
+SKIPPED_IN_A_ROW = 25
 
 
 class FiniteLoss:
@@ -93,6 +98,11 @@ class FiniteLoss:
     and the last checkpoint saved before it): the weights its gradient stepped are NaN from then on, and a checkpoint
     of them would be resumed from.
 
+    A step the optimizer skipped is the exception: fp16's gradient scaler skips a step whose gradients are not finite
+    and leaves the weights as they were, which is how such a run goes on (LeRobot's with ``use_amp`` too). Its loss
+    not finite is counted and said at the check (a warning: float16 overflowing, or rows of NaN), and refused only
+    after :data:`SKIPPED_IN_A_ROW` such steps in a row: the run no longer trains.
+
     Each step (:meth:`note`) the first step whose loss is not finite is kept on the loss's device (``torch.where``: a
     few kernels, no wait for the device); only :meth:`check` reads it back, once, after gathering every rank's (a
     collective: every rank checks at the same steps and reaches the same verdict). ``remedy`` says what to do, in the
@@ -100,14 +110,29 @@ class FiniteLoss:
 
     def __init__(self, accelerator: Any, checkpoint_dir: Path | None, *, remedy: str) -> None:
         self.accelerator, self.checkpoint_dir, self.remedy = accelerator, checkpoint_dir, remedy
-        self.first_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)  # (0: none)
+        zero = torch.zeros((), dtype=torch.int64, device=accelerator.device)
+        self.first_step = zero.clone()  # (0: none)
         self.first_loss = torch.zeros((), dtype=torch.float32, device=accelerator.device)
+        #: Skipped steps whose loss was not finite: since the last check, how many, the first and the longest run of
+        #: them in a row; and the run going on now (kept across checks).
+        self.skipped, self.first_skipped, self.longest, self.in_a_row = zero.clone(), zero.clone(), zero.clone(), zero
         self.checked: int | None = None  # (the step checked last)
+        self.noted = 0  # (steps noted since the last check: the same on every rank)
 
-    def note(self, loss: torch.Tensor, step: int) -> None:
-        """Note step ``step``'s ``loss`` (a scalar, on the device the accelerator's)."""
+    def note(self, loss: torch.Tensor, step: int, *, skipped: bool = False) -> None:
+        """Note step ``step``'s ``loss`` (a scalar, on the device the accelerator's); ``skipped``: the optimizer did not
+        step (``accelerator.optimizer_step_was_skipped``: the same on every rank, their gradients all-reduced)."""
         loss = loss.detach().float()
-        first = ~torch.isfinite(loss) & (self.first_step == 0)
+        not_finite = ~torch.isfinite(loss)
+        self.noted += 1
+        if skipped:
+            self.first_skipped = torch.where(not_finite & (self.skipped == 0), step, self.first_skipped)
+            self.skipped = self.skipped + not_finite.to(torch.int64)
+            self.in_a_row = torch.where(not_finite, self.in_a_row + 1, 0)
+            self.longest = torch.maximum(self.longest, self.in_a_row)
+            return
+        self.in_a_row = torch.zeros_like(self.in_a_row)
+        first = not_finite & (self.first_step == 0)
         self.first_step = torch.where(first, step, self.first_step)
         self.first_loss = torch.where(first, loss, self.first_loss)
 
@@ -117,13 +142,39 @@ class FiniteLoss:
         if step == self.checked:
             return
         none = torch.iinfo(torch.int64).max
-        steps = self.accelerator.gather(self.first_step).reshape(-1)  # (by rank)
+        gathered = self.accelerator.gather(
+            torch.stack([self.first_step, self.skipped, self.first_skipped, self.longest])
+        )
+        steps, skipped, first_skipped, longest = gathered.reshape(-1, 4).unbind(1)  # (by rank)
         steps = torch.where(steps > 0, steps, none)
-        earliest = int(steps.min())  # (the one value read back)
+        earliest = int(steps.min())  # (read back once, with the skipped steps' counts below)
         if earliest != none:
             losses = self.accelerator.gather(self.first_loss).reshape(-1)
             raise self._refusal(earliest, float(losses[torch.argmin(steps)]))
+        counts = skipped.tolist()
+        if max(counts) > 0:
+            rank = max(range(len(counts)), key=counts.__getitem__)
+            self._say_skipped(step, rank, counts[rank], int(first_skipped[rank]), int(longest.max()))
+        zero = torch.zeros_like(self.skipped)
+        self.skipped, self.first_skipped, self.longest, self.noted = zero, zero, zero, 0
         self.checked = step
+
+    def _say_skipped(self, step: int, rank: int, count: int, first: int, longest: int) -> None:
+        said = (
+            f"{count} of the {self.noted} steps through step {step} had a loss not finite on rank {rank} (the first at "
+            f"step {first}); the gradient scaler skipped each, leaving the weights as they were"
+        )
+        why = (
+            f"a batch held {_NOT_FINITE_DATA}, or float16 overflows in this model "
+            "(--mixed-precision bf16 keeps float32's range)"
+        )
+        if longest >= SKIPPED_IN_A_ROW:
+            raise RunRefused(
+                f"{said}, {longest} in a row, which no overflow the scaler recovers from takes: the run no longer "
+                f"trains: {why}: {self.remedy}"
+            )
+        if self.accelerator.is_main_process:
+            logger.warning("%s; where it goes on, %s", said, why)
 
     def _refusal(self, step: int, loss: float) -> RunRefused:
         if self.checkpoint_dir is None:

@@ -881,7 +881,7 @@ def train(options: TrainOptions) -> int:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            losses.note(loss, step)
+            losses.note(loss, step, skipped=accelerator.optimizer_step_was_skipped)  # (fp16's scaler: FiniteLoss)
             if step == start_step + 1:
                 meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
             else:

@@ -1234,6 +1234,77 @@ def test_finite_loss_keeps_the_first_step_not_finite_on_the_device_and_reads_it_
     )
 
 
+def test_steps_the_gradient_scaler_skipped_with_a_loss_not_finite_are_said_and_refused_only_many_in_a_row(
+    caplog,
+) -> None:
+    """fp16's gradient scaler skips a step whose gradients are not finite (a batch of NaN, float16 overflowing) and
+    leaves the weights as they were, and the run goes on (LeRobot's with use_amp too); FiniteLoss refused the first
+    such loss, ending a run whose weights were finite. Now a skipped step's loss not finite is said at the check (how
+    many, the first, the rank) and refused only at SKIPPED_IN_A_ROW in a row, counted across checks; a step taken with
+    a loss not finite is refused as before (the tests above)."""
+    from accelerate import Accelerator
+
+    from pipelines.progress import SKIPPED_IN_A_ROW, FiniteLoss
+    from pipelines.run_errors import RunRefused
+    from pipelines.train import NOT_FINITE_REMEDY
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)  # (fp16's: accelerate sets none on the CPU)
+    torch.manual_seed(0)
+    batches = [torch.randn(4, 3) for _ in range(8)]
+    batches[2][1, 0] = batches[4][3, 2] = float("nan")  # steps 3 and 5
+    model, plain = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    plain.load_state_dict(model.state_dict())
+    optimizer = accelerator.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    by_hand = torch.optim.SGD(plain.parameters(), lr=0.1)
+    losses = FiniteLoss(accelerator, None, remedy=NOT_FINITE_REMEDY)
+    skipped = []
+    for step, x in enumerate(batches, start=1):
+        loss = model(x).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        skipped.append(accelerator.optimizer_step_was_skipped)
+        losses.note(loss, step, skipped=skipped[-1])
+        if torch.isfinite(x).all():  # the weights the run has: stepped by the finite batches alone
+            plain(x).pow(2).mean().backward()
+            by_hand.step()
+            by_hand.zero_grad()
+    assert [step for step, s in enumerate(skipped, start=1) if s] == [3, 5]
+    with caplog.at_level(logging.WARNING, logger="pipelines.train"):
+        losses.check(8)
+    for got, want in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(got, want)
+    assert [r.getMessage() for r in caplog.records if r.name == "pipelines.train"] == [
+        "2 of the 8 steps through step 8 had a loss not finite on rank 0 (the first at step 3); the gradient scaler "
+        "skipped each, leaving the weights as they were; where it goes on, a batch held NaN or infinity in its "
+        "'observation.state' or 'action' (read as the data files hold them, as LeRobot reads them), or float16 "
+        "overflows in this model (--mixed-precision bf16 keeps float32's range)"
+    ]
+
+    nan, step = torch.tensor(float("nan")), 8
+    for between in (True, False):  # (a step skipped with a finite loss, or one taken: no run of them is long enough)
+        for _ in range(SKIPPED_IN_A_ROW - 1):
+            step += 1
+            losses.note(nan, step, skipped=True)
+        step += 1
+        losses.note(torch.tensor(0.5), step, skipped=between)
+    losses.check(step)
+    for _ in range(SKIPPED_IN_A_ROW - 5):
+        step += 1
+        losses.note(nan, step, skipped=True)
+    losses.check(step)  # (20 in a row so far)
+    for _ in range(5):
+        step += 1
+        losses.note(nan, step, skipped=True)
+    with pytest.raises(
+        RunRefused,
+        match=rf"^5 of the 5 steps through step {step} had a loss not finite on rank 0 "
+        rf"\(the first at step {step - 4}\).*, {SKIPPED_IN_A_ROW} in a row, .*the run no longer trains",
+    ):
+        losses.check(step)
+
+
 def _two_ranks_alike() -> Any:
     """An accelerator of two ranks whose losses are alike: ``reduce`` sums in the tensor's dtype, then divides for
     ``mean`` (accelerate's all-reduce)."""
