@@ -198,7 +198,8 @@ def log_progress(
 ) -> None:
     """Rank 0 logs the loss averaged over ranks (every rank must call: collectives) and this rank's rates.
 
-    A loss not finite, this step's or one since the last check, on any rank, is refused first (``losses.check``).
+    A loss not finite, this step's or one since the last check, on any rank, is refused first (``losses.check``; on
+    steps fp16's scaler skipped, said, and logged as it is).
     The mean then sums each rank's share in float32, which cannot overflow: accelerate's mean sums in the loss's dtype,
     where two ranks' finite float16 losses of 40,000 made inf (float32 and bfloat16 only past 1.7e38 each)."""
     losses.check(step)

@@ -78,7 +78,7 @@ from pipelines.checkpoints import augment_signature, check_checkpoint_dir, lates
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
 from pipelines.preemption import PREEMPTION_SIGNALS, Preempted, PreemptibleLoop
-from pipelines.progress import FiniteLoss, RunRecord, Throughput, log_progress
+from pipelines.progress import SKIPPED_IN_A_ROW, FiniteLoss, RunRecord, Throughput, log_progress
 from pipelines.run_errors import RunRefused, SetupError, setting_up
 
 if TYPE_CHECKING:
@@ -308,7 +308,14 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         help="read the --dataset datasets as one (one layout: one pipeline, samples in proportion to\n"
         "frames), not as a mixture; for many datasets",
     )  # fmt: skip
-    p.add_argument("--mixed-precision", type=str.lower, choices=_PRECISIONS, default="no", help="(default %(default)s)")
+    p.add_argument(
+        "--mixed-precision",
+        type=str.lower,
+        choices=_PRECISIONS,
+        default="no",
+        help="fp16 (CUDA): a step whose gradients are not finite is skipped by its gradient scaler, its loss not "
+        f"finite warned of, and {SKIPPED_IN_A_ROW} such steps in a row refused (default %(default)s)",
+    )
     p.add_argument(
         "--checkpoint-dir", type=Path, help="where checkpoints go, one folder a step and latest (default: none saved)"
     )
