@@ -141,20 +141,19 @@ class FiniteLoss:
         call it at the same steps: a collective; a second call at ``step`` is none)."""
         if step == self.checked:
             return
-        none = torch.iinfo(torch.int64).max
         gathered = self.accelerator.gather(
             torch.stack([self.first_step, self.skipped, self.first_skipped, self.longest])
         )
-        steps, skipped, first_skipped, longest = gathered.reshape(-1, 4).unbind(1)  # (by rank)
-        steps = torch.where(steps > 0, steps, none)
-        earliest = int(steps.min())  # (read back once, with the skipped steps' counts below)
-        if earliest != none:
+        by_rank = gathered.reshape(-1, 4).tolist()  # the one read back of a check
+        steps = [(first, rank) for rank, (first, *_) in enumerate(by_rank) if first > 0]
+        if steps:
+            earliest, rank = min(steps)
             losses = self.accelerator.gather(self.first_loss).reshape(-1)
-            raise self._refusal(earliest, float(losses[torch.argmin(steps)]))
-        counts = skipped.tolist()
+            raise self._refusal(earliest, float(losses[rank]))
+        counts = [row[1] for row in by_rank]
         if max(counts) > 0:
             rank = max(range(len(counts)), key=counts.__getitem__)
-            self._say_skipped(step, rank, counts[rank], int(first_skipped[rank]), int(longest.max()))
+            self._say_skipped(step, rank, counts[rank], by_rank[rank][2], max(row[3] for row in by_rank))
         zero = torch.zeros_like(self.skipped)
         self.skipped, self.first_skipped, self.longest, self.noted = zero, zero, zero, 0
         self.checked = step
