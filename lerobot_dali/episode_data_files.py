@@ -48,11 +48,12 @@ from .episode_rows import (
     read_parquet,
 )
 from .episode_table import CameraFiles, EpisodeTable
-from .errors import EpisodeMetadataError, MissingDataFileError
+from .errors import DataFileError, EpisodeMetadataError, MissingDataFileError
 from .file_stamps import FileStamp, FileStamps, local_stamps
 from .remote_errors import is_transient
 from .row_count_store import Footer, cached_footers
 from .said_once import say_once, warn_once
+from .special_files import not_a_file
 
 __all__ = [
     "RANGED_COLUMNS",
@@ -113,10 +114,22 @@ def bulk_file_exists(location: DatasetLocation, stamps: FileStamps | None, path:
     return True
 
 
+def _refuse_no_file(location: DatasetLocation, path: str) -> None:
+    """DataFileError where local bulk file ``path`` is no file (:func:`~.special_files.not_a_file`)."""
+    kind = not_a_file(location.fs._strip_protocol(path)) if location.is_local else None
+    if kind is not None:
+        raise DataFileError(
+            f"data file {path} is {kind}, not a parquet file: download the dataset again, or leave this file's "
+            "episodes out (episodes=[...])"
+        )
+
+
 def open_stamped(location: DatasetLocation, stamps: FileStamps | None, path: str) -> Any:
     """Bulk file ``path`` opened with the size its stamp gives (remote: no metadata request of its own).
 
-    Raises MissingDataFileError naming it when it does not exist."""
+    Raises MissingDataFileError naming it when it does not exist (:func:`~.episode_rows.open_parquet` says which), and
+    DataFileError where a local one is no file (:func:`~.special_files.not_a_file`: a named pipe's open hung)."""
+    _refuse_no_file(location, path)
     return location.open_bulk(path, size=stamps[path].size if stamps is not None else None)
 
 
@@ -232,6 +245,7 @@ def _check_episode_files(
         pos = placed[missing[0]]
         episode = int(table.episode_index[pos])
         more = f" (and {len(missing) - 1} more episodes' data files)" if len(missing) > 1 else ""
+        _refuse_no_file(location, missing[0])  # (a link that loops is listed, but has no stamp)
         chunks = _v2_chunks_holding(location, info, stamps, episode)
         if chunks:  # the files are there, in other chunk folders than chunks_size puts them
             raise MissingDataFileError(

@@ -16,6 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import MissingDataFileError, missing_video
 from .file_stamps import stat_version
+from .special_files import not_a_file
 
 __all__ = ["VideoSource", "local_video_path", "open_video_source", "source_cache_key", "source_label", "source_url"]
 
@@ -48,12 +49,20 @@ def open_video_source(
     makes for it (an HTTP HEAD per open: per batch and file). ``exact_reads``: the caller reads only byte ranges
     it knows, each in one read (packets at the offsets of their index), so a remote file fetches those bytes and
     none ahead (the prefetch cache's view keeps its read-ahead for what it lacks). Raises MissingDataFileError
-    naming the path when it does not exist.
+    naming the path when it does not exist, or is no file (:func:`~.special_files.not_a_file`: a named pipe's
+    open hung).
     """
     if not isinstance(source, (str, os.PathLike)):
         yield source
         return
     path = os.fspath(source)
+    local = local_video_path(path, filesystem=filesystem)
+    kind = None if local is None else not_a_file(local)
+    if kind is not None:
+        raise MissingDataFileError(
+            f"Video file {path} is {kind}, not a video file: download or copy it again from the dataset's source, or "
+            "leave out the episodes it holds (episodes=[...] of the others); `lerobot-dali check` lists every such file"
+        )
     try:
         if filesystem is None:
             handle = open(path, "rb")  # noqa: SIM115

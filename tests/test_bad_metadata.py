@@ -4,6 +4,7 @@ fails with a specific exception naming the file and the fix. The cases come from
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import warnings
@@ -938,6 +939,52 @@ def test_a_folder_where_a_data_file_belongs_is_named_as_one(ds: Path) -> None:
     data.mkdir()
     with pytest.raises(MissingDataFileError, match=rf"data file {re.escape(str(data))} is a folder, not a parquet"):
         open_dataset(ds)
+
+
+def _not_a_file(path: Path, kind: str) -> str:
+    """``path`` made ``kind`` (a named pipe, a symbolic link to itself, one to a device); what an error says of it."""
+    path.unlink()
+    if kind == "pipe":
+        os.mkfifo(path)
+        return "a named pipe"
+    path.symlink_to(path.name if kind == "loop" else "/dev/null")
+    return "a symbolic link that loops" if kind == "loop" else "a device"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["pipe", "loop", "device"])
+def test_a_named_pipe_or_a_looping_link_where_a_video_file_belongs_is_listed_not_waited_on(ds: Path, kind: str) -> None:
+    """A named pipe at a video file's path hung the iterator's build and `lerobot-dali check` for good (an open
+    waits for the pipe's writer); a symbolic link to itself raised Python's bare OSError from the build and ended check
+    in a traceback. Each is now the missing file it stands for, listed by check and raised by a pass, naming what it
+    is; the episodes of the other file are read."""
+    from lerobot_dali.errors import MissingDataFileError
+
+    video = ds / f"videos/{CAM}/chunk-000/file-001.mp4"
+    said = rf"{re.escape(str(video))} is {_not_a_file(video, kind)}\b.*, not a video file"
+    report = check_dataset(open_dataset(ds), workers=0)
+    assert [(p.episode_index, p.error) for p in report.problems] == [
+        (2, "MissingDataFileError"),
+        (3, "MissingDataFileError"),
+    ]
+    assert all(re.search(said, p.message) for p in report.problems)
+    with pytest.raises(MissingDataFileError, match=said):
+        _first_pass(ds)
+    assert len(_markers(_first_pass(ds, episodes=[0, 1], return_uint8=True))) == 40
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+@pytest.mark.parametrize("kind", ["pipe", "loop"])
+def test_a_named_pipe_or_a_looping_link_where_a_data_file_belongs_is_named_not_waited_on(
+    make_ds, copy_ds, version: str, kind: str
+) -> None:
+    """A named pipe at a data file's path hung opening the dataset (the footer's open waits for a writer); a
+    symbolic link to itself was named a file that does not exist. Each is now named for what it is."""
+    root = copy_ds(make_ds(**SPEC, size=(64, 96), version=version))
+    data = sorted((root / "data").rglob("*.parquet"))[-1]
+    with pytest.raises(DataFileError, match=rf"data file {re.escape(str(data))} is {_not_a_file(data, kind)}\b"):
+        open_dataset(root)
 
 
 def _write_tasks(root: Path, tasks: list[tuple[object, object]], *, as_lerobot: bool = False) -> None:
