@@ -823,6 +823,20 @@ def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
     return json.loads(json.dumps(signature))  # as read back: lists, not tuples
 
 
+def set_learning_rate(optimizer: Any, lr: float, *, say: bool) -> None:
+    """``--lr`` over the rate a resumed optimiser's state brought back: accelerate's ``load_state`` restores its param
+    groups, saved rate included, so a resume with another ``--lr`` trained on at the saved one, unsaid. Its moments
+    are kept. ``say``: log the change (the main process)."""
+    saved = sorted({float(group["lr"]) for group in optimizer.param_groups})
+    if saved == [lr]:
+        return
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if say:
+        logger.info("--lr %g replaces the checkpoint's %s from here on (the optimiser's moments are kept)", lr,
+                    ", ".join(f"{rate:g}" for rate in saved))  # fmt: skip
+
+
 # -- training -------------------------------------------------------------------------------------------------
 def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
@@ -860,6 +874,7 @@ def train(options: TrainOptions) -> int:
         data = data_signature(plan, cameras)
         if options.resume and options.checkpoint_dir is not None:
             step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
+            set_learning_rate(optimizer, options.lr, say=accelerator.is_main_process)
     start_step = step
     logger.info(
         "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",

@@ -199,6 +199,23 @@ def test_single_process_resume_at_the_dropped_tail_is_exact(
     assert "the checkpoint is at step 24 and --steps is 24: nothing to train" in log
 
 
+def test_a_resume_with_another_lr_trains_on_at_it_and_says_so(make_ds: Callable[..., Path], tmp_path: Path) -> None:
+    """accelerate's load_state brings back the optimiser's saved rate over --lr: a resume with --lr 0.05 trained on at
+    the saved 3e-3, unsaid (a review found its weights equal to a resume's with the saved rate)."""
+
+    def rate(step: int) -> float:
+        state = torch.load(ckpt / f"step_{step:08d}/state/optimizer.bin", weights_only=False)
+        return state["param_groups"][0]["lr"]
+
+    dataset = make_ds(**UNEVEN)
+    ckpt, _, _ = _run(tmp_path, dataset, steps=2, batch=8, procs=1)
+    _, _, log = _run(tmp_path, dataset, steps=3, batch=8, procs=1, extra=["--resume", "--lr", "0.05"])
+    assert "--lr 0.05 replaces the checkpoint's 0.003 from here on" in log
+    assert (rate(2), rate(3)) == (3e-3, 0.05)
+    _, _, log = _run(tmp_path, dataset, steps=4, batch=8, procs=1, extra=["--resume", "--lr", "0.05"])
+    assert "replaces the checkpoint's" not in log and rate(4) == 0.05
+
+
 # -- two processes --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_rank_run(make_ds: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
