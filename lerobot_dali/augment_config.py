@@ -328,6 +328,11 @@ class Normalize:
             if array.ndim not in (1, 3) or array.shape[1:] not in ((), (1, 1)):
                 raise ValueError(f"stats[{key!r}][{name!r}] has shape {array.shape}; expected (C, 1, 1) or (C,)")
             values[name] = array.reshape(-1).tolist()
+        if len(values["mean"]) != len(values["std"]):  # (said of the entry: Normalize would blame the std alone)
+            raise ValueError(
+                f"stats[{key!r}] holds {len(values['mean'])} mean values and {len(values['std'])} std values; "
+                "expected one of each per channel"
+            )
         constant = [channel for channel, std in enumerate(values["std"]) if std == 0]
         if constant:  # (a dead or masked camera channel): LeRobot divides by std + 1e-8 and carries on
             warn_once(logger,
@@ -469,15 +474,21 @@ class AugmentConfig:
             return self
         per_camera = {}
         for camera in cameras:
+            count = (channels or {}).get(camera, 3)
             try:
                 norm = Normalize.from_stats(stats, camera)
+                if len(norm.mean) not in (1, count, 3 if count == 1 else count):  # (a grey one's 3: _grey)
+                    raise ValueError(
+                        f"stats[{camera!r}] holds {len(norm.mean)} mean/std values for the camera's {count} "
+                        "channel(s); expected one per channel, or one for all"
+                    )
             except ValueError as e:
                 raise StatsError(
                     f"{source}: normalize='stats' needs the mean/std of camera {camera!r} from meta/stats.json "
                     f"(or v2.1's meta/episodes_stats.jsonl), but {e}. Give AugmentConfig.normalize a Normalize "
                     "(e.g. ImageNet's), one per camera, or leave it unset."
                 ) from e
-            grey = (channels or {}).get(camera, 3) == 1 and len(norm.mean) == 3
+            grey = count == 1 and len(norm.mean) == 3
             per_camera[camera] = _grey(norm, camera, source) if grey else norm
         return replace(self, normalize=per_camera or None)  # no cameras: nothing to normalise
 

@@ -688,6 +688,29 @@ def test_normalize_from_lerobot_stats() -> None:
         Normalize.from_stats({"cam": {"mean": [[0.1, 0.2, 0.3]], "std": [[1, 1, 1]]}}, "cam")
 
 
+def test_stats_of_the_wrong_length_are_named_as_the_datasets() -> None:
+    """A camera's mean of 2 values beside a std of 3 was said as ``Normalize.std ... expected as many values as mean
+    (2)`` (the std blamed, the mean the fault); mean and std of 2 values each for a 3-channel camera as ``its Normalize
+    has 2 mean/std values ... normalize={camera: Normalize(...)}``, a ValueError that named neither the dataset nor
+    its statistics."""
+    from lerobot_dali.augment_config import NORMALIZE_FROM_STATS
+    from lerobot_dali.errors import StatsError
+
+    rgb = [[[0.5]], [[0.5]], [[0.5]]]
+    with pytest.raises(ValueError, match=r"^stats\['cam'\] holds 2 mean values and 3 std values; expected one of each"):
+        Normalize.from_stats({"cam": {"mean": [0.1, 0.2], "std": rgb}}, "cam")
+    config = AugmentConfig(normalize=NORMALIZE_FROM_STATS)
+    two = {"cam": {"mean": [0.1, 0.2], "std": [0.3, 0.4]}}
+    with pytest.raises(StatsError, match=(
+        r"^ds: normalize='stats' needs the mean/std of camera 'cam' from meta/stats\.json .* but stats\['cam'\] holds "
+        r"2 mean/std values for the camera's 3 channel\(s\); expected one per channel, or one for all\. "
+    )):  # fmt: skip
+        config.with_stats(two, ["cam"], source="ds")
+    for stats, channels, mean in (({"cam": {"mean": [0.1], "std": [0.3]}}, 3, (0.1,)),
+                                  ({"cam": {"mean": rgb, "std": rgb}}, 1, (0.5,))):  # fmt: skip
+        assert config.with_stats(stats, ["cam"], source="ds", channels={"cam": channels}).normalize["cam"].mean == mean
+
+
 def test_bad_call_arguments_are_rejected() -> None:
     data = distinct_windows()
     with pytest.raises(ValueError, match="return_uint8"):
