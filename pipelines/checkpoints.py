@@ -37,6 +37,7 @@ __all__ = [
     "check_checkpoint_dir",
     "latest_checkpoint",
     "latest_saved_step",
+    "prune_checkpoints",
     "restore_checkpoint",
     "resume_latest",
     "save_checkpoint",
@@ -83,6 +84,7 @@ def save_checkpoint(
     data: Mapping[str, Any] | None = None,
     *,
     stream: Mapping[str, Any] | None = None,
+    keep: int = 0,
 ) -> Path:
     """Model, optimiser and RNG via accelerate; this rank's stream position (``stream``, where a batch was taken
     since the step: else ``iterator.state_dict()``) and ``data`` (:func:`~pipelines.train.data_signature`); then
@@ -91,7 +93,9 @@ def save_checkpoint(
     The ranks write ``.step_{n:08d}.partial``, which becomes ``step_{n:08d}`` once every file is on disk: a step
     saved before (by a run stopped before ``latest`` named it, maybe on more ranks) is replaced whole, never
     written over in place, where its other ranks' files (``random_states_{r}.pkl``, ``stream_rank{r}.json``)
-    would stay beside the new ones and be loaded by a later resume on that many ranks."""
+    would stay beside the new ones and be loaded by a later resume on that many ranks. ``keep`` > 0: the older
+    checkpoints but the ``keep`` newest (this one included) are removed once ``latest`` names it
+    (:func:`prune_checkpoints`)."""
     directory = root / f"step_{step:08d}"
     staging = _staging(directory)
     if accelerator.is_main_process:
@@ -111,8 +115,37 @@ def save_checkpoint(
         write_whole(root / "latest", directory.name.encode())
         _fsync(root)  # the rename of latest itself
         logger.info("saved checkpoint %s", directory)
+        removed = prune_checkpoints(root, step, keep)
+        if removed:
+            logger.info("removed checkpoint(s) %s (--keep-checkpoints %d)", ", ".join(p.name for p in removed), keep)
     accelerator.wait_for_everyone()
     return directory
+
+
+def prune_checkpoints(root: Path, step: int, keep: int) -> list[Path]:
+    """Remove ``root``'s checkpoints of steps up to ``step`` (``latest``'s) but the ``keep`` newest, ``step``'s
+    included; returns those removed (none where ``keep`` is 0). Those of later steps (saved by a run stopped before
+    ``latest`` named them) are left: this run replaces each as it saves its step. Each goes out of its name before it
+    is deleted, so a crash mid-delete leaves no half a checkpoint under a checkpoint's name (the next prune removes
+    what it left)."""
+    if keep <= 0:
+        return []
+    steps = sorted(int(found.group(1)) for entry in root.iterdir() if (found := _STEP_NAME.fullmatch(entry.name)))
+    removed = [root / f"step_{n:08d}" for n in [n for n in steps if n <= step][:-keep]]
+    for folder in removed:
+        folder.rename(_pruned(folder))
+    for left in root.glob(_pruned(root / "step_*").name):  # (this prune's, and any a crash left)
+        shutil.rmtree(left, ignore_errors=True)
+    return removed
+
+
+#: The name of a checkpoint's folder in ``--checkpoint-dir``.
+_STEP_NAME = re.compile(r"step_(\d{8})")
+
+
+def _pruned(directory: Path) -> Path:
+    """Where :func:`prune_checkpoints` moves ``directory`` to delete it."""
+    return directory.with_name(f".{directory.name}.pruned")
 
 
 @contextlib.contextmanager
@@ -174,7 +207,8 @@ def _put_back(directory: Path) -> None:
 
 def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
     """``root`` as ``--checkpoint-dir``: a folder this process can write or make (else a save would fail only after
-    ``--save-every`` steps of training; made by the first save, so a run that fails before leaves none behind), and,
+    ``--save-every`` steps of training; made as the run starts, by :func:`~pipelines.checkpoint_lock.one_run_at_a_time`,
+    and removed where it ends with nothing saved), and,
     without ``--resume``, holding no checkpoint: a run from step 0 would replace that run's ``latest`` at its first
     save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress); with ``--resume``,
     a ``latest`` that names no checkpoint (:func:`latest_checkpoint`)."""

@@ -62,6 +62,7 @@ from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
+from pipelines.checkpoint_lock import one_run_at_a_time
 from pipelines.checkpoints import augment_signature, check_checkpoint_dir, resume_latest, staged_folder
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.preemption import PreemptibleLoop
@@ -118,12 +119,13 @@ class PolicyTrainOptions:
     output_dir: Path | None = None
     checkpoint_dir: Path | None = None
     save_every: int = 0  # steps between checkpoints; 0: only at the end (with checkpoint_dir)
+    keep_checkpoints: int = 0  # the newest kept, older ones removed as each is saved; 0: all
     resume: bool = False
 
     def __post_init__(self) -> None:
         checked = (
             ("steps", 1), ("batch_size", 1), ("num_workers", 0), ("episode_pool_size", 1), ("log_every", 1),
-            ("save_every", 0),
+            ("save_every", 0), ("keep_checkpoints", 0),
         )  # fmt: skip
         check_int_fields(self, checked, label=cli_flag)
         check_seed(self.seed)
@@ -134,8 +136,8 @@ class PolicyTrainOptions:
                 f"image_transforms_config = {self.image_transforms_config!r} is invalid: expected LeRobot's "
                 "ImageTransformsConfig as a dict (a train config's dataset.image_transforms) or None"
             )
-        if self.checkpoint_dir is None and (self.resume or self.save_every):
-            raise ValueError("--resume and --save-every need --checkpoint-dir")
+        if self.checkpoint_dir is None and (self.resume or self.save_every or self.keep_checkpoints):
+            raise ValueError("--resume, --save-every and --keep-checkpoints need --checkpoint-dir")
         check_choice(TimestampSource, "--timestamp-source", self.timestamp_source)
         check_decode(self.decode, self.device)
         if self.tolerance_s is not None:
@@ -187,6 +189,10 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     )  # fmt: skip
     parser.add_argument("--checkpoint-dir", type=Path, help="checkpoints for --resume (as pipelines/train.py's)")
     parser.add_argument("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end only)")
+    parser.add_argument(
+        "--keep-checkpoints", type=int, default=0, metavar="K",
+        help="keep the K newest checkpoints, removing older ones as each is saved (default 0: keep all)",
+    )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     parser.add_argument(
         "--image-transforms", action="store_true",
@@ -295,10 +301,7 @@ def train(options: PolicyTrainOptions) -> list[float]:
     boundary, saves a checkpoint there (with ``checkpoint_dir``; ``output_dir`` is left to the resumed run) and
     raises ``Preempted`` once the run is closed; lerobot-dali's errors while setting up (``SETUP_ERRORS``) raise
     ``SetupError``."""
-    import torch
-    from accelerate.utils import DistributedDataParallelKwargs, set_seed
-
-    from lerobot_dali import DALILeRobotIterator
+    from accelerate.utils import DistributedDataParallelKwargs
 
     # As LeRobot's trainer: the schedule steps once per optimiser step, and DDP tolerates parameters a policy
     # leaves unused in a step (VQ-BeT's, TD-MPC's).
@@ -316,6 +319,17 @@ def train(options: PolicyTrainOptions) -> list[float]:
         )
     with setting_up():  # (one process where a launcher started several: one line)
         rank, world_size = data_rank(accelerator)
+    with one_run_at_a_time(options.checkpoint_dir, rank=rank, world_size=world_size, device=accelerator.device):
+        return _train_as(accelerator, rank, world_size, options)
+
+
+def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrainOptions) -> list[float]:
+    """:func:`train` on ``rank`` of ``world_size``, once its ``--checkpoint-dir`` is this run's alone."""
+    import torch
+    from accelerate.utils import set_seed
+
+    from lerobot_dali import DALILeRobotIterator
+
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
         with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
@@ -371,8 +385,9 @@ def train(options: PolicyTrainOptions) -> list[float]:
     batches = epoch_batches(iterator)
     finite = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
     loop = PreemptibleLoop(
-        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=finite
-    )
+        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=finite,
+        keep_checkpoints=options.keep_checkpoints,
+    )  # fmt: skip
     with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
             got = loop.next_batch(batches, step)

@@ -146,8 +146,10 @@ class PreemptibleLoop:
         checkpoint_dir: Path | None,
         data: Mapping[str, Any],
         losses: FiniteLoss | None = None,
+        keep_checkpoints: int = 0,
     ) -> None:
         self.accelerator, self.iterator, self.checkpoint_dir, self.data = accelerator, iterator, checkpoint_dir, data
+        self.keep = keep_checkpoints  # (0: all; else the newest, as each save removes older ones)
         self.losses = losses  # (checked before each save: no checkpoint of weights a loss not finite has stepped)
         self.notice = PreemptionNotice(iterator.world_size)  # (may make a gloo group: a collective)
         self.saved = step if step else None  # (the checkpoint resumed from: a preemption before a step saves none)
@@ -207,7 +209,7 @@ class PreemptibleLoop:
         self.step, self.after_step = step, True
         if self.checkpoint_dir is not None and (step == steps or (save_every and step % save_every == 0)):
             self._check_losses(step)
-            save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data)
+            save_checkpoint(self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, keep=self.keep)
             self.saved = step
 
     def stop(self, step: int) -> None:
@@ -218,8 +220,9 @@ class PreemptibleLoop:
             if self.saved != step:
                 self._check_losses(step)
                 save_checkpoint(
-                    self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position
-                )
+                    self.accelerator, self.checkpoint_dir, step, self.iterator, self.data, stream=self._position,
+                    keep=self.keep,
+                )  # fmt: skip
 
     def _check_losses(self, step: int) -> None:
         if self.losses is not None:

@@ -74,6 +74,7 @@ from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
+from pipelines.checkpoint_lock import one_run_at_a_time
 from pipelines.checkpoints import augment_signature, check_checkpoint_dir, latest_saved_step, resume_latest
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
@@ -156,13 +157,14 @@ class TrainOptions:
     mixed_precision: str = "no"
     checkpoint_dir: Path | None = None
     save_every: int = 0
+    keep_checkpoints: int = 0
     resume: bool = False
     log_every: int = 50
     record_dir: Path | None = None
 
     def __post_init__(self) -> None:
         positive = (("steps", 1), ("batch_size", 1), ("chunk", 1), ("episode_pool_size", 1), ("log_every", 1))
-        at_least_0 = (("num_workers", 0), ("save_every", 0), ("drop_n_last_frames", 0))
+        at_least_0 = (("num_workers", 0), ("save_every", 0), ("keep_checkpoints", 0), ("drop_n_last_frames", 0))
         checked = (*positive, ("episode_piece_frames", 1), *at_least_0)
         optional = ("chunk", "episode_piece_frames", "drop_n_last_frames")
         check_int_fields(self, checked, label=cli_flag, optional=optional)
@@ -175,8 +177,8 @@ class TrainOptions:
         if self.mixed_precision == "fp16" and self.device == "cpu":
             raise ValueError("--mixed-precision fp16 does nothing on the CPU (accelerate enables neither autocast "
                              "nor loss scaling there); use bf16, or no")  # fmt: skip
-        if (self.resume or self.save_every) and self.checkpoint_dir is None:
-            raise ValueError("--resume and --save-every need --checkpoint-dir")
+        if (self.resume or self.save_every or self.keep_checkpoints) and self.checkpoint_dir is None:
+            raise ValueError("--resume, --save-every and --keep-checkpoints need --checkpoint-dir")
         if not (is_number(self.lr) and self.lr > 0):
             raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
         if not (is_number(self.grad_clip) and self.grad_clip >= 0):
@@ -320,6 +322,10 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--checkpoint-dir", type=Path, help="where checkpoints go, one folder a step and latest (default: none saved)"
     )
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every S steps (0: only at the end)")
+    p.add_argument(
+        "--keep-checkpoints", type=int, default=0, metavar="K",
+        help="keep the K newest checkpoints, removing older ones as each is saved (default 0: keep all)",
+    )  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/latest if there is one")
     p.add_argument(
         "--log-every", type=int, default=50, help="log loss and throughput every L steps (default %(default)s)"
@@ -344,7 +350,8 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         rename_map=_one_or_each(a.rename_map), concat=a.concat,
         mixed_precision=a.mixed_precision,
         checkpoint_dir=a.checkpoint_dir,
-        save_every=a.save_every, resume=a.resume, log_every=a.log_every, record_dir=a.record_dir,
+        save_every=a.save_every, keep_checkpoints=a.keep_checkpoints, resume=a.resume, log_every=a.log_every,
+        record_dir=a.record_dir,
     )  # fmt: skip
 
 
@@ -847,13 +854,19 @@ def train(options: TrainOptions) -> int:
     (:func:`setting_up`)."""
     from accelerate.utils import set_seed
 
-    from lerobot_dali.key_rename import KeyRename
-
     with setting_up():  # (--device cuda where no GPU is seen: one line)
         accelerator = make_accelerator(options.device, options.mixed_precision)
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     with setting_up():  # (one process where a launcher started several: one line)
         rank, world_size = data_rank(accelerator)
+    with one_run_at_a_time(options.checkpoint_dir, rank=rank, world_size=world_size, device=accelerator.device):
+        return _train_as(accelerator, rank, world_size, options)
+
+
+def _train_as(accelerator: Any, rank: int, world_size: int, options: TrainOptions) -> int:
+    """:func:`train` on ``rank`` of ``world_size``, once its ``--checkpoint-dir`` is this run's alone."""
+    from lerobot_dali.key_rename import KeyRename
+
     with setting_up():  # (the library's errors about the data or a checkpoint: main logs them as one line)
         readers = open_readers(options)
         if options.batch_size > sum(reader.num_frames for reader in readers):  # (no rank's epoch fills one: refused
@@ -887,8 +900,9 @@ def train(options: TrainOptions) -> int:
     batches = epoch_batches(iterator)
     losses = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
     loop = PreemptibleLoop(
-        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=losses
-    )
+        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=losses,
+        keep_checkpoints=options.keep_checkpoints,
+    )  # fmt: skip
     with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
         while step < options.steps:
             got = loop.next_batch(batches, step)

@@ -216,6 +216,72 @@ def test_a_resume_with_another_lr_trains_on_at_it_and_says_so(make_ds: Callable[
     assert "replaces the checkpoint's" not in log and rate(4) == 0.05
 
 
+def test_keep_checkpoints_keeps_the_newest_and_a_resume_from_them_goes_on(
+    make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Every checkpoint stayed for good (a long run's filled the disk). --keep-checkpoints 2 keeps the two newest as
+    each is saved; a resume continues from the newest and prunes alike. The weights at step 9 equal an uninterrupted
+    run's, so pruning took nothing a resume reads."""
+    dataset = make_ds(**UNEVEN)
+    keep = ["--save-every", "2", "--keep-checkpoints", "2"]
+    ckpt, _, log = _run(tmp_path / "a", dataset, steps=7, batch=8, procs=1, extra=keep)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000006", "step_00000007"]
+    assert "removed checkpoint(s) step_00000002 (--keep-checkpoints 2)" in log
+    assert "removed checkpoint(s) step_00000004, step_00000006" not in log  # (one at a time: the oldest)
+    _, _, log = _run(tmp_path / "a", dataset, steps=9, batch=8, procs=1, extra=[*keep, "--resume"])
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000008", "step_00000009"]
+    whole, _, _ = _run(tmp_path / "b", dataset, steps=9, batch=8, procs=1)
+    _assert_same_model(_model(ckpt, 9), _model(whole, 9))
+
+
+def test_pruning_leaves_later_steps_and_sweeps_what_a_crash_left(tmp_path: Path) -> None:
+    """Checkpoints of steps after ``latest``'s (a run stopped before ``latest`` named them) are this run's to
+    replace, not to prune; a folder a crash left mid-delete goes at the next prune."""
+    from pipelines.checkpoints import prune_checkpoints
+
+    for name in ("step_00000002", "step_00000004", "step_00000006", "step_00000010", ".step_00000001.pruned"):
+        (tmp_path / name).mkdir()
+    assert prune_checkpoints(tmp_path, 6, 0) == []
+    assert prune_checkpoints(tmp_path, 6, 2) == [tmp_path / "step_00000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004", "step_00000006", "step_00000010"]
+    assert prune_checkpoints(tmp_path, 6, 1) == [tmp_path / "step_00000004"]
+
+
+def test_a_second_run_on_a_checkpoint_dir_in_use_is_refused_and_a_killed_runs_is_free(
+    make_ds: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Two runs on one --checkpoint-dir replaced each other's checkpoints and ``latest``, unsaid (a review saw one
+    run's saves silently replaced, once a FileNotFoundError on a rename). While a run trains there, a second one (two
+    ranks, no checkpoint there yet, so nothing else refuses it) stops on each rank with one line naming the first's
+    process; once the first is killed outright, a run with --resume takes the folder."""
+    dataset = make_ds(**EVEN)
+    ckpt = tmp_path / "ckpt"
+    args = ["--dataset", str(dataset), "--batch-size", "6", *COMMON, "--checkpoint-dir", str(ckpt)]
+    second: list[subprocess.CompletedProcess[str]] = []
+    first_pid: list[int] = []
+
+    def start_another_then_kill(first: subprocess.Popen[str]) -> None:
+        first_pid.append(first.pid)  # (one process: the launcher is the run)
+        second.append(_failed([*args, "--steps", "2"], procs=2))
+        os.killpg(first.pid, signal.SIGKILL)
+
+    status, log = _train_until_signalled(
+        [*args, "--steps", "100000", "--save-every", "100000"], after="rank 0/1: steps", send=start_another_then_kill
+    )
+    assert status == -signal.SIGKILL, log[-30000:]
+    refused = second[0]
+    assert "exitcode  : 2" in refused.stderr, refused.stderr[-30000:]
+    lines = [line for line in refused.stderr.splitlines() if "train.py: " in line]
+    assert len(lines) == 2, refused.stderr[-30000:]  # (each rank's)
+    for line in lines:
+        assert f"train.py: --checkpoint-dir {ckpt} is in use by another run (pid {first_pid[0]} on " in line, line
+        assert line.endswith("give another --checkpoint-dir (two runs saving there replace each other's checkpoints)")
+    assert sorted(p.name for p in ckpt.iterdir()) == [".run.lock"]  # (the refused run removed nothing of the first's)
+    resumed = _train([*args, "--steps", "2", "--resume"])
+    assert "saved checkpoint" in resumed.stderr and (ckpt / "latest").read_text() == "step_00000002"
+    assert not (ckpt / ".run.lock").exists()  # (a run that ends removes it)
+
+
 # -- two processes --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_rank_run(make_ds: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
@@ -1574,7 +1640,9 @@ def test_other_errors_while_setting_up_keep_their_traceback(tmp_path: Path, monk
     from pipelines import train as train_module
 
     monkeypatch.setattr(
-        train_module, "make_accelerator", lambda *a, **k: SimpleNamespace(process_index=0, num_processes=1)
+        train_module,
+        "make_accelerator",
+        lambda *a, **k: SimpleNamespace(process_index=0, num_processes=1, device=torch.device("cpu")),
     )
     argv = ["--dataset", str(tmp_path), "--steps", "1", "--device", "cpu"]
     for error in (KeyError("a bug"), ValueError("a bug"), IteratorClosedError("a bug")):
@@ -2537,8 +2605,9 @@ def test_the_lerobot_policy_pipeline_reads_policy_fields_as_json() -> None:
         parse_args(["--dataset", "d", "--seed", "-1"])
     with pytest.raises(ValueError, match="--steps must be an int >= 1, got 0"):  # 0 trained forever
         parse_args(["--dataset", "d", "--steps", "0"])
-    with pytest.raises(ValueError, match="--resume and --save-every need --checkpoint-dir"):  # were ignored
-        parse_args(["--dataset", "d", "--resume"])
+    for flags in (["--resume"], ["--keep-checkpoints", "2"]):  # (were ignored)
+        with pytest.raises(ValueError, match="--resume, --save-every and --keep-checkpoints need --checkpoint-dir"):
+            parse_args(["--dataset", "d", *flags])
 
 
 def test_decode_takes_what_the_iterator_takes() -> None:

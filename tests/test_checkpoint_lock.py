@@ -1,0 +1,69 @@
+"""``pipelines/checkpoint_lock.py`` in one process: a held ``--checkpoint-dir`` is refused naming its holder, a folder
+the run made is removed where nothing was saved in it and kept where something was, and a filesystem that takes no
+locks runs unlocked with a warning (``test_train_pipeline.py`` runs two real runs on one folder)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from pipelines import checkpoint_lock
+from pipelines.checkpoint_lock import LOCK_NAME, one_run_at_a_time
+from pipelines.run_errors import RunRefused
+
+
+def test_a_held_folder_is_refused_naming_its_holder_and_free_once_the_holder_ends(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with one_run_at_a_time(ckpt, rank=0, world_size=1):
+        holder = (ckpt / LOCK_NAME).read_text()
+        assert holder.startswith(f"pid {os.getpid()} on {socket.gethostname()}, started 20"), holder
+        with pytest.raises(RunRefused) as refused, one_run_at_a_time(ckpt, rank=0, world_size=1):
+            pytest.fail("entered a folder another run holds")
+        assert str(refused.value).startswith(
+            f"--checkpoint-dir {ckpt} is in use by another run ({holder.strip()}): wait for it to end"
+        ), refused.value
+    with one_run_at_a_time(ckpt, rank=0, world_size=1):  # (released: the first block ended)
+        pass
+    assert ckpt.is_dir() and sorted(p.name for p in ckpt.iterdir()) == []  # (the lock file gone, a found folder kept)
+
+
+def test_the_folders_a_run_made_go_where_it_saved_nothing_and_stay_where_it_did(tmp_path: Path) -> None:
+    ckpt = tmp_path / "runs" / "a" / "ckpt"
+    with one_run_at_a_time(ckpt, rank=0, world_size=1):
+        assert ckpt.is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # (runs/a/ckpt: all three made, all three gone)
+    with pytest.raises(RuntimeError), one_run_at_a_time(ckpt, rank=0, world_size=1):
+        raise RuntimeError("a run that fails before its first save")
+    assert not (tmp_path / "runs").exists()
+    with one_run_at_a_time(ckpt, rank=0, world_size=1):
+        (ckpt / "latest").write_text("step_00000001")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest"]
+
+
+def test_ranks_past_0_take_no_lock(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with one_run_at_a_time(ckpt, rank=0, world_size=1), one_run_at_a_time(ckpt, rank=1, world_size=1):
+        pass  # (rank 1 of the same run: not refused by its rank 0's lock)
+
+
+def test_a_filesystem_that_takes_no_locks_runs_unlocked_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_locks(path: Path) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(checkpoint_lock, "try_flock", no_locks)
+    ckpt = tmp_path / "ckpt"
+    first, second = (one_run_at_a_time(ckpt, rank=0, world_size=1) for _ in range(2))
+    with caplog.at_level(logging.WARNING, "pipelines.train"), first, second:
+        pass  # (both enter: nothing refuses the second)
+    assert not ckpt.exists()  # (made, nothing saved: removed, with no lock file)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("its filesystem takes no locks (No locks available)" in line for line in said), said
