@@ -9,6 +9,7 @@ once complete; ``CKPT/latest`` names the newest complete checkpoint and is writt
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATA_OPTIONS",
+    "CheckpointNotWritten",
     "augment_signature",
     "check_checkpoint_dir",
     "latest_checkpoint",
@@ -101,18 +103,20 @@ def save_checkpoint(
     if accelerator.is_main_process:
         shutil.rmtree(staging, ignore_errors=True)  # left by a save that was killed
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(staging / "state"))
     position = iterator.state_dict() if stream is None else dict(stream)
     saved = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": position}
     if data is not None:
         saved["data"] = dict(data)
-    write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
+    with _said_where_out_of_space(root, step, staging):
+        accelerator.save_state(str(staging / "state"))
+        write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
     accelerator.wait_for_everyone()
     _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         _replace_folder(staging, directory)
-        write_whole(root / "latest", directory.name.encode())
+        with _said_where_out_of_space(root, step, staging):
+            write_whole(root / "latest", directory.name.encode())
         _fsync(root)  # the rename of latest itself
         logger.info("saved checkpoint %s", directory)
         removed = prune_checkpoints(root, step, keep)
@@ -120,6 +124,64 @@ def save_checkpoint(
             logger.info("removed checkpoint(s) %s (--keep-checkpoints %d)", ", ".join(p.name for p in removed), keep)
     accelerator.wait_for_everyone()
     return directory
+
+
+class CheckpointNotWritten(RunRefused):
+    """A checkpoint's save failed for want of space on its filesystem (full, or over quota); the message says what is
+    free and which checkpoint a resume continues from."""
+
+
+#: Below this many bytes free, a failed write is taken for a full filesystem: torch says it as ``unexpected pos``
+#: with no errno (its stream's error), where the filesystem has nothing left.
+_FULL_BELOW = 2**20
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_SAID = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+@contextlib.contextmanager
+def _said_where_out_of_space(root: Path, step: int, staging: Path) -> Iterator[None]:
+    """Around the writes of step ``step``'s checkpoint: an error that a full filesystem made (an errno of
+    :data:`_NO_SPACE`, its words in a library's message, or almost nothing free after it) becomes
+    :class:`CheckpointNotWritten`, one line that names the space and the checkpoint to resume from, where it was
+    torch's ``RuntimeError: ... unexpected pos 704 vs 598`` traceback; what was written of the save is removed, to free
+    its space. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as e:
+        free = _free_bytes(root)
+        if not (_says_no_space(e) or (free is not None and free < _FULL_BELOW)):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        first = (str(e).strip() or type(e).__name__).splitlines()[0]
+        latest = latest_saved_step(root)
+        resumes = f"step {latest}" if latest is not None else "step 0 (no checkpoint there is complete)"
+        room = f"{free / 2**20:.1f} MiB free" if free is not None else "its free space unknown"
+        raise CheckpointNotWritten(
+            f"the checkpoint of step {step} could not be written into {root} ({type(e).__name__}: {first}): its "
+            f"filesystem has {room}. Free space there (--keep-checkpoints K keeps only the K newest checkpoints) and "
+            f"run the same command with --resume: it continues from {resumes}"
+        ) from e
+
+
+def _says_no_space(error: BaseException) -> bool:
+    """Whether ``error`` or an error it was raised from says the filesystem is full or over quota."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return any(
+        (isinstance(seen, OSError) and seen.errno in _NO_SPACE) or any(words in str(seen) for words in _NO_SPACE_SAID)
+        for seen in chain
+    )
+
+
+def _free_bytes(folder: Path) -> int | None:
+    """The bytes this user may still write on ``folder``'s filesystem; None where it cannot be asked."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def prune_checkpoints(root: Path, step: int, keep: int) -> list[Path]:

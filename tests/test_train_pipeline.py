@@ -677,6 +677,60 @@ def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
         loop.notice.uninstall()
 
 
+def test_a_save_on_a_full_filesystem_is_one_line_naming_the_space_and_the_step_to_resume_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save on a full disk ended the run in torch's traceback, ``RuntimeError: [enforce fail at
+    inline_container.cc:672] . unexpected pos 704 vs 598`` (no errno; raised from ``basic_ios::clear``, as torch.save
+    to /dev/full raised it once here: it does not always, so the test raises torch's words itself). Now it
+    is :class:`CheckpointNotWritten` (a RunRefused: one line, status 2) naming the free space and the checkpoint a
+    resume continues from, and the half-written save is removed; where the filesystem has room, torch's error stands.
+    An ENOSPC of the stream file's own write is said whatever the free space."""
+    import errno
+    from types import SimpleNamespace
+
+    from pipelines import checkpoints
+    from pipelines.checkpoints import CheckpointNotWritten, save_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step_00000004").mkdir(parents=True)
+    (ckpt / "step_00000004" / "stream_rank0.json").write_text("{}")
+    (ckpt / "latest").write_text("step_00000004")
+
+    def save_state(folder: str) -> None:  # (a model file cut short, then torch's error)
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "model.bin").write_bytes(b"PK" * 299)
+        try:
+            raise RuntimeError("basic_ios::clear: iostream error")
+        except RuntimeError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+    accelerator = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None, save_state=save_state)
+    iterator = SimpleNamespace(world_size=1, rank=0, state_dict=lambda: {})
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # (room left: not taken for a full filesystem)
+        save_checkpoint(accelerator, ckpt, 6, iterator)
+    monkeypatch.setattr(checkpoints, "_free_bytes", lambda folder: 0)
+    with pytest.raises(CheckpointNotWritten) as said:
+        save_checkpoint(accelerator, ckpt, 6, iterator)
+    assert re.fullmatch(
+        rf"the checkpoint of step 6 could not be written into {re.escape(str(ckpt))} \(RuntimeError: \[enforce fail "
+        r"at inline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+\): its filesystem has 0\.0 MiB free\. Free "
+        r"space there \(--keep-checkpoints K keeps only the K newest checkpoints\) and run the same command with "
+        r"--resume: it continues from step 4",
+        str(said.value),
+    ), said.value
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000004"]  # (the save's files gone)
+
+    def no_room(path: Path, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(checkpoints, "_free_bytes", lambda folder: 10 * 2**30)
+    monkeypatch.setattr(checkpoints, "write_whole", no_room)
+    accelerator.save_state = lambda folder: Path(folder).mkdir(parents=True)
+    with pytest.raises(CheckpointNotWritten, match=r"\(OSError: \[Errno 28\] No space left on device: .*10240\.0 MiB"):
+        save_checkpoint(accelerator, ckpt, 6, iterator)
+
+
 def test_a_signal_to_one_rank_or_to_torchrun_stops_both_ranks_at_one_step_and_resumes_exactly(
     two_rank_run: tuple[Path, Path, str], make_ds: Callable[..., Path], tmp_path: Path
 ) -> None:
