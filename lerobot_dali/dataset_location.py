@@ -35,6 +35,7 @@ from .file_stamps import client_of
 from .remote_errors import REFUSED_HINT, first_line, is_refused, is_transient
 from .remote_retry import RetryingFileSystem, fresh_instance, retried
 from .said_once import say_once, warn_once
+from .special_files import not_a_file
 from .url_secrets import mask_path_logs, masked, masking, without_credentials
 
 __all__ = [
@@ -248,9 +249,19 @@ def dataset_not_found(target: str) -> DatasetNotFoundError:
             f"dataset {target!r} not found: '~' is expanded by a shell, not here: pass {os.path.expanduser(target)!r}"
             " (os.path.expanduser gives it)"
         )
+    if not target.strip():  # (abspath('') is the current folder: it was said to lack itself)
+        return DatasetNotFoundError(f"dataset {target!r} is an empty path: pass a dataset folder, Hub repo id or URL")
     path = os.path.abspath(target)
     while not os.path.isdir(os.path.dirname(path)):
         path = os.path.dirname(path)
+    odd = not_a_file(path)
+    broken = not odd and os.path.islink(path) and not os.path.exists(path)
+    if odd or broken:  # (a device, pipe or broken link was said to be "not in" the folder it lies in)
+        what = f"dataset {target!r} is" if path == os.path.abspath(target) else f"dataset {target!r}: {path!r} is"
+        said = f"a symbolic link to {os.readlink(path)!r}, which does not exist" if broken else str(odd).split(" (")[0]
+        return DatasetNotFoundError(
+            f"{what} {said}, not a dataset folder: pass the folder that holds the dataset's meta/info.json"
+        )
     if os.path.isfile(path):  # (the path given, a trailing "/" dropped, or a part of it)
         near = dataset_folder_near(path)
         what = "a file" if path == os.path.abspath(target) else f"under {path!r}, a file"
@@ -655,7 +666,15 @@ def _remote_fs(target: str, options: dict[str, Any]) -> tuple[fsspec.AbstractFil
     target, options = _credentials_as_header(target, options)
     if not target.startswith(("http://", "https://")):  # (its query is kept in its paths, which the logs name)
         mask_path_logs(target.partition("?")[2])
-    fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
+    try:
+        fs, root = fsspec.core.url_to_fs(_as_sent(target), **_http_timeouts(target, options))
+    except (ImportError, ValueError) as e:  # (a traceback in train.py and reencode; the other verbs said it)
+        unknown = isinstance(e, ValueError) and str(e).startswith("Protocol not known")
+        if not (unknown or isinstance(e, ImportError)):
+            raise
+        said = "no filesystem reads its protocol" if unknown else "its filesystem is not installed here"
+        advice = "check the URL" if unknown else "install it, or read a local copy of the dataset"
+        raise DatasetNotFoundError(f"dataset {masked(target)!r}: {said} ({first_line(e)}): {advice}") from e
     return _retrying(fs), root
 
 

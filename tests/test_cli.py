@@ -363,6 +363,12 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
         (["diagnose", "s3://bucket/ds"], "Install s3fs"),
         ([*bench, "s3://bucket/ds"], "Install s3fs"),
         (["info", "nope://bucket/ds"], "Protocol not known: nope"),
+        # (reencode's, as train.py's, was a traceback: the library's DatasetNotFoundError now)
+        (
+            ["reencode", "s3://bucket/ds", str(tmp_path / "out")],
+            "DatasetNotFoundError: dataset 's3://bucket/ds': its filesystem is not installed here (Install s3fs",
+        ),
+        (["reencode", "nope://bucket/ds", str(tmp_path / "out")], "no filesystem reads its protocol (Protocol not"),
         (["info", "hf://datasets/a/b@v1", "--revision", "v2"], "give the revision in one place only"),
         (["info", "nobody/nothing"], "DatasetNotFoundError: dataset 'nobody/nothing' cannot be opened: the Hub"),
         (["diagnose", "nobody/nothing"], "DatasetNotFoundError: dataset 'nobody/nothing' cannot be opened: the Hub"),
@@ -372,7 +378,7 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith(f"lerobot-dali {argv[0]}: ") and said in err and err.count("\n") == 1, (argv, err)
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
 
 
 def test_a_network_failure_past_its_retries_is_a_one_line_error(tmp_path: Path, monkeypatch, capsys) -> None:

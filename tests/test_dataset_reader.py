@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -728,6 +729,27 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
     (root / "meta/info.json").unlink()  # a copy that lost it: its meta/ is there
     with pytest.raises(DatasetNotFoundError, match=r"info\.json is missing; the dataset's files are incomplete"):
         open_dataset(root)
+
+
+def test_a_device_pipe_broken_link_or_empty_path_given_as_the_dataset_is_named_as_such(tmp_path: Path) -> None:
+    """Each was said not to be there: '/dev/null' as "('/dev' exists, 'null' not in it)", a named pipe or a link to
+    nothing as "'fifo' not in it" beside it, and '' (the current folder) as its parent lacking it."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    cases = {
+        "/dev/null": "'/dev/null' is a device, not a dataset folder",
+        str(tmp_path / "fifo"): f"{str(tmp_path / 'fifo')!r} is a named pipe, not a dataset folder",
+        str(tmp_path / "broken"): f"{str(tmp_path / 'broken')!r} is a symbolic link to {str(tmp_path / 'nowhere')!r}, "
+        "which does not exist, not a dataset folder",
+        str(tmp_path / "broken" / "x"): f"{str(tmp_path / 'broken' / 'x')!r}: {str(tmp_path / 'broken')!r} is a "
+        "symbolic link to",
+        str(tmp_path / "loop"): f"{str(tmp_path / 'loop')!r} is a symbolic link that loops, not a dataset folder",
+        "": "'' is an empty path: pass a dataset folder, Hub repo id or URL",
+    }
+    for given, said in cases.items():
+        with pytest.raises(DatasetNotFoundError, match="^dataset " + re.escape(said)):
+            open_dataset(given)
 
 
 @pytest.mark.parametrize("lost", ["meta/episodes", "meta/tasks.parquet"])
