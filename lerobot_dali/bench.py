@@ -81,6 +81,7 @@ __all__ = [
     "BenchMode",
     "BenchReport",
     "LoaderResult",
+    "ResultsNotWritten",
     "format_table",
     "run_bench",
 ]
@@ -719,5 +720,17 @@ def run_bench(config: BenchConfig) -> BenchReport:
         notes=tuple(notes),
         out_dir=out_dir,
     )
-    files = write_report(report, out_dir, notes)
+    try:
+        files = write_report(report, out_dir, notes)
+    except OSError as e:  # (a traceback once every loader had run: the measurements lost with it)
+        raise ResultsNotWritten(dataclasses.replace(report, notes=tuple(notes)), e) from e
     return dataclasses.replace(report, files=files, notes=tuple(notes))
+
+
+class ResultsNotWritten(Exception):
+    """The bench measured, but its results could not be written to their folder (full, read-only, over quota):
+    ``report`` holds the measurements, for the caller to print, and ``error`` the write's error."""
+
+    def __init__(self, report: BenchReport, error: OSError) -> None:
+        super().__init__(f"results not written to {report.out_dir}: {error}")
+        self.report, self.error = report, error

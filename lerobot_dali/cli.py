@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -60,6 +61,10 @@ def _exit_statuses() -> str:
     for code, meaning in EXIT_STATUSES:
         lines += textwrap.wrap(meaning, 100, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
     return "\n".join(lines)
+
+
+#: The errors of a write that OUT's filesystem or name makes: what ``reencode``, which also reads, says as OUT's.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG, errno.EFBIG})
 
 
 class _CommandError(Exception):
@@ -413,8 +418,23 @@ def _make_dataset(args: argparse.Namespace) -> int:
         # A bad option (checked before anything is written) or an OUT that cannot become the dataset.
         print(f"lerobot-dali make-dataset: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # (a full or read-only filesystem, a name too long: a traceback, status 1)
+        return _not_written("make-dataset", args.out, e)
     print(out)
     return 0
+
+
+def _not_written(verb: str, out: str, error: OSError) -> int:
+    """Say that ``verb`` could not write OUT ``out`` (``error``, a write's, the half-written folder removed or kept
+    to resume as the verb does) in one line, with what to do; exit status 2, as an output refused."""
+    advice = {
+        errno.ENOSPC: "free space there, or give an OUT on another filesystem",
+        errno.EDQUOT: "free space within the quota, or give an OUT on another filesystem",
+        errno.EROFS: "the filesystem is read-only: give an OUT on a writable one",
+        errno.ENAMETOOLONG: "give a shorter OUT",
+    }.get(error.errno or 0, "give an OUT this user can write")
+    print(f"lerobot-dali {verb}: cannot write {out}: {_one_line(error)}; {advice}", file=sys.stderr)
+    return 2
 
 
 def _reencode(args: argparse.Namespace) -> int:
@@ -434,6 +454,12 @@ def _reencode(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError, NotADirectoryError, PermissionError) as e:
         print(f"lerobot-dali reencode: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        from .remote_errors import is_transient
+
+        if is_transient(e) or e.errno not in _WRITE_ERRNOS:  # (the source's: the network's, said by main)
+            raise
+        return _not_written("reencode", args.out, e)
     print(f"{report.out}: {report.codec}, keyframes at most {report.gop} frames apart")
     for camera in sorted({video.camera for video in report.videos}):
         videos = [video for video in report.videos if video.camera == camera]
@@ -503,12 +529,15 @@ def _diagnose(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .bench import BenchConfig, format_table, run_bench
+    from .bench import BenchConfig, ResultsNotWritten, format_table, run_bench
     from .bench_measure import show_progress
 
     show_progress()
     for dataset in args.dataset or ():
         _check_url(dataset)
+    for flag, value in (("--out", args.out), ("--cache-dir", args.cache_dir)):
+        if value is not None and not value.strip():  # (was taken for the default folder, unsaid)
+            raise _CommandError(f"{flag} is empty: give a folder, or leave {flag} out for the default")
     try:
         config = BenchConfig(
             dataset=args.dataset if args.dataset is None or len(args.dataset) > 1 else args.dataset[0],
@@ -524,7 +553,12 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"lerobot-dali bench: {e}", file=sys.stderr)
         return 2
-    report = run_bench(config)
+    try:
+        report = run_bench(config)
+    except ResultsNotWritten as e:  # (the measurements printed all the same: the run took minutes)
+        print(format_table(e.report))
+        print(f"lerobot-dali bench: {e}: free space there, or give another --out", file=sys.stderr)
+        return 2
     print(format_table(report))
     for note in report.notes:
         print(f"note: {note}")

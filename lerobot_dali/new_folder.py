@@ -226,6 +226,11 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
     """``out`` as a Path; FileExistsError where it exists and is not an empty folder (checked again on writing:
     a caller that reads a source first calls this before, so a taken ``out`` costs no reading)."""
     root = Path(out)
+    if root.is_symlink() and not root.exists():  # (found once all the work was done, at the rename: ENOTDIR)
+        raise NotADirectoryError(
+            f"Cannot write a dataset to {root}: it is a symbolic link to {os.readlink(root)!r}, which does not exist "
+            "(or loops). Remove the link, or pass another path."
+        )
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         if root.is_dir() and _being_written(root):  # (not a killed run's half dataset: one whose run writes it now)
             raise FileExistsError(_WRITING_THERE.format(folder=root, writer=writer))

@@ -47,13 +47,13 @@ def one_run_at_a_time(root: Path | None, *, rank: int, world_size: int, device: 
         return
     held: Any = None
     made: list[Path] = []
-    refusal = ""
-    if rank == 0:
-        made = _missing_folders(root)
-        root.mkdir(parents=True, exist_ok=True)
-        held, refusal = _take(root)
-    refusal = _from_rank_0(refusal, world_size, device)
     try:
+        refusal = ""
+        if rank == 0:
+            made = _missing_folders(root)
+            root.mkdir(parents=True, exist_ok=True)
+            held, refusal = _take(root)
+        refusal = _from_rank_0(refusal, world_size, device)
         if refusal:
             raise RunRefused(refusal)
         yield
@@ -83,11 +83,12 @@ def _take(root: Path) -> tuple[Any, str]:
             )  # fmt: skip
             return None, ""
         if held is not None:
-            held.seek(0)
-            held.truncate()
             started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-            held.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
-            held.flush()
+            with contextlib.suppress(OSError):  # (a full disk: the lock holds all the same, its holder unnamed)
+                held.seek(0)
+                held.truncate()
+                held.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+                held.flush()
             return held, ""
         holder = _holder(path)
         if holder is not None:
@@ -124,7 +125,8 @@ def _release(held: Any, path: Path) -> None:
         opened, now = os.fstat(held.fileno()), path.stat()
         if (opened.st_dev, opened.st_ino) == (now.st_dev, now.st_ino):
             path.unlink()
-    held.close()
+    with contextlib.suppress(OSError):  # (a holder line a full disk kept from being written fails its flush again)
+        held.close()
 
 
 def _from_rank_0(refusal: str, world_size: int, device: Any) -> str:

@@ -162,6 +162,38 @@ def test_a_loader_that_measures_no_frame_fails_the_run(cache_dir: Path, quick_ru
     assert "FAILED" in capsys.readouterr().err
 
 
+def test_results_that_cannot_be_written_are_one_line_after_the_table(
+    cache_dir: Path, quick_run, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full --out filesystem ended the run in a traceback once every loader had run: the measurements lost. Now the
+    table is printed and one line names the folder, exit status 2; an empty --out (taken for the default folder,
+    unsaid) is refused before any work."""
+    import errno
+    import os
+
+    from lerobot_dali import bench
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "full" / ".bench.csv.tmp"))
+
+    monkeypatch.setattr(bench, "write_report", full)
+    dataset = cache_dir / default_specs(True)[0].folder
+    code = main(["bench", "--device", "cpu", "--dataset", str(dataset), "--loaders", "pyav-dataloader",
+                 "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "full")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and "pyav-dataloader" in out and "frames/s" in out, out
+    assert err.strip().splitlines()[-1] == (
+        f"lerobot-dali bench: results not written to {tmp_path / 'full'}: [Errno 28] No space left on device: "
+        f"'{tmp_path / 'full' / '.bench.csv.tmp'}': free space there, or give another --out"
+    ), err
+    for flag in ("--out", "--cache-dir"):
+        assert main(["bench", "--device", "cpu", "--dataset", str(dataset), flag, " "]) == 2
+        assert (
+            capsys.readouterr().err == f"lerobot-dali bench: {flag} is empty: give a folder, or leave {flag} out "
+            "for the default\n"
+        )
+
+
 def test_a_run_where_every_loader_is_skipped_fails(cache_dir: Path, quick_run, tmp_path: Path) -> None:
     """Zero frames measured is a failure even when no loader ran to measure them (LeRobot absent here)."""
     if lerobot_unavailable() is None:

@@ -381,6 +381,49 @@ def test_datasets_that_cannot_be_opened_are_one_line_errors(tmp_path: Path, monk
     assert not (tmp_path / "results").exists() and not (tmp_path / "out").exists()
 
 
+def test_an_out_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    """make-dataset and reencode: an OUT on a full or read-only filesystem, or with a name too long, was a traceback
+    with status 1 (the status of problems found); a broken or looping link as OUT was found only at the rename, once
+    all the work was done (reencode's every re-run again). Each is one line now, status 2, a link before any work."""
+    import errno
+    import os
+
+    from lerobot_dali import generate, reencode
+
+    source = make_dataset(tmp_path / "ds", episodes=1, frames_per_episode=4, size=(64, 64), codec="vp9")
+    (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    make = ["make-dataset", "--episodes", "1", "--frames-per-episode", "4", "--size", "64x64", "--codec", "vp9"]
+    for link, to in (("broken", tmp_path / "nowhere"), ("loop", tmp_path / "loop")):
+        for argv in ([*make, str(tmp_path / link)], ["reencode", str(source), str(tmp_path / link)]):
+            assert main(argv) == 2, argv
+            assert capsys.readouterr().err == (
+                f"lerobot-dali {argv[0]}: Cannot write a dataset to {tmp_path / link}: it is a symbolic link to "
+                f"{str(to)!r}, which does not exist (or loops). Remove the link, or pass another path.\n"
+            )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "ds", "loop"]  # (no work begun)
+
+    def failing(code: int) -> Callable[..., None]:
+        def write(*args: object, **kwargs: object) -> None:
+            raise OSError(code, os.strerror(code), str(tmp_path / ".out.partial" / "x"))
+
+        return write
+
+    cases = [(generate, "make_dataset", make, errno.EROFS, "the filesystem is read-only: give an OUT on a writable "
+              "one"), (reencode, "reencode_dataset", ["reencode", str(source)], errno.ENOSPC,
+              "free space there, or give an OUT on another filesystem")]  # fmt: skip
+    for module, name, argv, code, advice in cases:
+        monkeypatch.setattr(module, name, failing(code))
+        assert main([*argv, str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err == (
+            f"lerobot-dali {argv[0]}: cannot write {tmp_path / 'out'}: OSError: [Errno {code}] {os.strerror(code)}: "
+            f"'{tmp_path / '.out.partial' / 'x'}'; {advice}\n"
+        )
+    monkeypatch.setattr(reencode, "reencode_dataset", failing(errno.EIO))  # (not OUT's: the source's, say)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["reencode", str(source), str(tmp_path / "out")])
+
+
 def test_a_network_failure_past_its_retries_is_a_one_line_error(tmp_path: Path, monkeypatch, capsys) -> None:
     """huggingface_hub's client (httpx) raises no OSError: an unreachable Hub came out as a traceback."""
     from lerobot_dali import dataset_reader
