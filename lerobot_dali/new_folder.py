@@ -292,7 +292,12 @@ def refuse_unwritable(flag: str, folder: str | os.PathLike[str]) -> None:
     unwritable folder above it, said before long work (a run's results, checkpoints) that would fail only once it
     writes. Nothing is made here: a run that fails before writing leaves no empty folder behind."""
     absolute = Path(os.path.abspath(folder))
-    existing = next(p for p in (absolute, *absolute.parents) if p.exists())
+    existing = next(p for p in (absolute, *absolute.parents) if p.exists() or p.is_symlink())
+    if not existing.exists():  # (a broken link: the making of the folder raised FileExistsError, a traceback)
+        raise ValueError(
+            f"{flag} {absolute}: {existing} is a symbolic link to {os.readlink(existing)!r}, which does not exist (or "
+            "loops); remove the link, or give another folder"
+        )
     if not existing.is_dir():
         raise ValueError(f"{flag} {absolute}: {existing} is a file, not a folder; give a folder")
     if not os.access(existing, os.W_OK | os.X_OK):

@@ -17,14 +17,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from lerobot_dali.cache_dirs import locks_unsupported, try_flock
 from pipelines.run_errors import RunRefused
 
-__all__ = ["LOCK_NAME", "one_run_at_a_time"]
+__all__ = ["LOCK_NAME", "named_holder", "one_run_at_a_time"]
 
 logger = logging.getLogger("pipelines.train")
 
@@ -36,11 +36,20 @@ _ATTEMPTS = 3
 
 
 @contextlib.contextmanager
-def one_run_at_a_time(root: Path | None, *, rank: int, world_size: int, device: Any = None) -> Iterator[None]:
+def one_run_at_a_time(
+    root: Path | None,
+    *,
+    rank: int,
+    world_size: int,
+    device: Any = None,
+    still_usable: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Hold ``root``'s lock for the block (on ``rank`` 0; a collective of every rank where ``world_size`` > 1,
-    ``device`` the process group's); :class:`RunRefused` on every rank where another run holds it. The lock file goes
-    at the end, and the folders this made with it where nothing was saved in them (a run refused before its first
-    save leaves none).
+    ``device`` the process group's); :class:`RunRefused` on every rank where another run holds it, or where
+    ``still_usable()`` raises a ValueError or OSError once the lock is held: the checks of the folder made before it
+    (:func:`~pipelines.checkpoints.check_checkpoint_dir`: no checkpoint there without ``--resume``) made again, since a
+    run that ended between them and the lock may have saved one. The lock file goes at the end, and the folders this
+    made with it where nothing was saved in them (a run refused before its first save leaves none).
     ``root`` None: nothing to hold."""
     if root is None:
         yield
@@ -53,6 +62,11 @@ def one_run_at_a_time(root: Path | None, *, rank: int, world_size: int, device: 
             made = _missing_folders(root)
             root.mkdir(parents=True, exist_ok=True)
             held, refusal = _take(root)
+            if not refusal and still_usable is not None:
+                try:
+                    still_usable()
+                except (ValueError, OSError) as e:
+                    refusal = str(e)
         refusal = _from_rank_0(refusal, world_size, device)
         if refusal:
             raise RunRefused(refusal)
@@ -71,9 +85,11 @@ def _take(root: Path) -> tuple[Any, str]:
     """``root``'s lock held (naming this run in it) and no refusal, or None and the refusal naming its holder."""
     path = root / LOCK_NAME
     for _ in range(_ATTEMPTS):
-        root.mkdir(parents=True, exist_ok=True)
         try:
+            root.mkdir(parents=True, exist_ok=True)
             held = try_flock(path)
+        except FileNotFoundError:  # (a folder above removed meanwhile, by a run ending that had made it)
+            continue
         except OSError as e:
             if not locks_unsupported(e):
                 raise
@@ -90,7 +106,7 @@ def _take(root: Path) -> tuple[Any, str]:
                 held.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
                 held.flush()
             return held, ""
-        holder = _holder(path)
+        holder = named_holder(root)
         if holder is not None:
             return None, (
                 f"--checkpoint-dir {root} is in use by another run ({holder or 'its holder unnamed'}): wait for it to "
@@ -99,11 +115,12 @@ def _take(root: Path) -> tuple[Any, str]:
     return None, f"--checkpoint-dir {root}: its lock file {path} keeps being replaced; is another run starting there?"
 
 
-def _holder(path: Path) -> str | None:
-    """What the run holding ``path`` wrote in it; None where the file is gone (its run ended: try again)."""
+def named_holder(root: Path) -> str | None:
+    """What the run holding ``root``'s lock wrote in its file (or one killed there: a run that ends removes it);
+    None where there is no such file."""
     try:
-        return path.read_text(errors="replace").strip()
-    except FileNotFoundError:
+        return (root / LOCK_NAME).read_text(errors="replace").strip()
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 

@@ -27,6 +27,7 @@ from lerobot_dali.errors import ResumeStateError
 from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import is_int
+from pipelines.checkpoint_lock import named_holder
 from pipelines.run_errors import RunRefused
 
 if TYPE_CHECKING:
@@ -107,9 +108,15 @@ def save_checkpoint(
     saved = {"step": step, "rank": iterator.rank, "world_size": iterator.world_size, "stream": position}
     if data is not None:
         saved["data"] = dict(data)
-    with _said_where_out_of_space(root, step, staging):
-        accelerator.save_state(str(staging / "state"))
-        write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
+    unwritten: CheckpointNotWritten | None = None
+    try:
+        with _said_where_out_of_space(root, step, staging):
+            accelerator.save_state(str(staging / "state"))
+            write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
+    except CheckpointNotWritten as e:
+        unwritten = e
+    if _any_rank(accelerator, unwritten is not None):  # (every rank says it: one alone left the others in a barrier,
+        raise unwritten or _not_written(root, step, "another rank found no space to write its files")  # a traceback)
     accelerator.wait_for_everyone()
     _sync_tree(staging)  # every rank's files complete: latest must never name one a crash left empty
     accelerator.wait_for_everyone()
@@ -153,14 +160,29 @@ def _said_where_out_of_space(root: Path, step: int, staging: Path) -> Iterator[N
             raise
         shutil.rmtree(staging, ignore_errors=True)
         first = (str(e).strip() or type(e).__name__).splitlines()[0]
-        latest = latest_saved_step(root)
-        resumes = f"step {latest}" if latest is not None else "step 0 (no checkpoint there is complete)"
-        room = f"{free / 2**20:.1f} MiB free" if free is not None else "its free space unknown"
-        raise CheckpointNotWritten(
-            f"the checkpoint of step {step} could not be written into {root} ({type(e).__name__}: {first}): its "
-            f"filesystem has {room}. Free space there (--keep-checkpoints K keeps only the K newest checkpoints) and "
-            f"run the same command with --resume: it continues from {resumes}"
-        ) from e
+        raise _not_written(root, step, f"{type(e).__name__}: {first}") from e
+
+
+def _not_written(root: Path, step: int, cause: str) -> CheckpointNotWritten:
+    """The refusal of step ``step``'s checkpoint into ``root`` for want of space (``cause``: the write's error), with
+    the space free once what it wrote is removed and the step a resume continues from."""
+    free = _free_bytes(root)
+    latest = latest_saved_step(root)
+    resumes = f"step {latest}" if latest is not None else "step 0 (no checkpoint there is complete)"
+    room = f"{free / 2**20:.1f} MiB free" if free is not None else "its free space unknown"
+    return CheckpointNotWritten(
+        f"the checkpoint of step {step} could not be written into {root} ({cause}): its filesystem has {room}. Free "
+        f"space there (--keep-checkpoints K keeps only the K newest checkpoints) and run the same command with "
+        f"--resume: it continues from {resumes}"
+    )
+
+
+def _any_rank(accelerator: Any, true: bool) -> bool:
+    """Whether ``true`` on any rank (a collective where there are several)."""
+    if getattr(accelerator, "num_processes", 1) == 1:
+        return true
+    flag = torch.tensor([float(true)], device=accelerator.device)
+    return float(accelerator.reduce(flag, reduction="sum").item()) > 0
 
 
 def _says_no_space(error: BaseException) -> bool:
@@ -267,21 +289,29 @@ def _put_back(directory: Path) -> None:
             old.rename(directory)
 
 
-def check_checkpoint_dir(root: Path, *, resume: bool) -> None:
+def check_checkpoint_dir(root: Path, *, resume: bool, locked: bool = False) -> None:
     """``root`` as ``--checkpoint-dir``: a folder this process can write or make (else a save would fail only after
     ``--save-every`` steps of training; made as the run starts, by :func:`~pipelines.checkpoint_lock.one_run_at_a_time`,
     and removed where it ends with nothing saved), and,
     without ``--resume``, holding no checkpoint: a run from step 0 would replace that run's ``latest`` at its first
     save and its checkpoints step by step (a relaunch that forgot ``--resume`` loses the progress); with ``--resume``,
-    a ``latest`` that names no checkpoint (:func:`latest_checkpoint`)."""
+    a ``latest`` that names no checkpoint (:func:`latest_checkpoint`). A refusal names the run a lock file there names
+    (one still going, or killed), except where ``locked``: the run checking holds the lock (checked again once it
+    does)."""
     refuse_unwritable("--checkpoint-dir", root)
     marker = root / "latest"
     if resume:
         latest_checkpoint(root)  # (one it cannot resume from: refused before any dataset opens)
     elif _stands(marker):
         name = marker.read_text(errors="replace").strip() if marker.is_file() else "its 'latest' not a file"
+        holder = None if locked else named_holder(root)  # (locked: the lock file is this run's)
+        going = (
+            f", of a run that may still be going ({holder or 'unnamed'}): once it has ended, "
+            if holder is not None
+            else ": "
+        )
         raise FileExistsError(
-            f"--checkpoint-dir {root} holds a checkpoint ({name}): pass --resume to continue that run, or give "
+            f"--checkpoint-dir {root} holds a checkpoint ({name}){going}pass --resume to continue that run, or give "
             "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
         )
 

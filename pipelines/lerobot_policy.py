@@ -319,7 +319,11 @@ def train(options: PolicyTrainOptions) -> list[float]:
         )
     with setting_up():  # (one process where a launcher started several: one line)
         rank, world_size = data_rank(accelerator)
-    with one_run_at_a_time(options.checkpoint_dir, rank=rank, world_size=world_size, device=accelerator.device):
+    ckpt = options.checkpoint_dir
+    with one_run_at_a_time(  # (checked again once locked: a run may have saved there since check_files)
+        ckpt, rank=rank, world_size=world_size, device=accelerator.device,
+        still_usable=lambda: check_checkpoint_dir(ckpt, resume=options.resume, locked=True) if ckpt else None,
+    ):  # fmt: skip
         return _train_as(accelerator, rank, world_size, options)
 
 

@@ -67,3 +67,58 @@ def test_a_filesystem_that_takes_no_locks_runs_unlocked_with_a_warning(
     assert not ckpt.exists()  # (made, nothing saved: removed, with no lock file)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and all("its filesystem takes no locks (No locks available)" in line for line in said), said
+
+
+def test_the_folder_is_checked_again_once_locked(tmp_path: Path) -> None:
+    """A run that ended between the checks of ``check_files`` and the lock could have saved a ``latest`` there: a run
+    without --resume then trained from step 0 and replaced it (a review hit it twice). ``still_usable`` runs once the
+    lock is held; its refusal is every rank's, and names no holder (the lock file is this run's own)."""
+    from pipelines.checkpoints import check_checkpoint_dir
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest").write_text("step_00000400")
+    check = lambda: check_checkpoint_dir(ckpt, resume=False, locked=True)  # noqa: E731
+    with pytest.raises(RunRefused) as refused, one_run_at_a_time(ckpt, rank=0, world_size=1, still_usable=check):
+        pytest.fail("entered a folder holding another run's checkpoint without --resume")
+    assert str(refused.value) == (
+        f"--checkpoint-dir {ckpt} holds a checkpoint (step_00000400): pass --resume to continue that run, or give a "
+        "new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
+    )
+    assert sorted(p.name for p in ckpt.iterdir()) == ["latest"]
+
+
+def test_a_refusal_before_the_lock_names_the_run_its_lock_file_names(tmp_path: Path) -> None:
+    """A second run without --resume while the first trains was told to pass --resume, which the lock then refused."""
+    from pipelines.checkpoints import check_checkpoint_dir
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest").write_text("step_00000205")
+    (ckpt / LOCK_NAME).write_text("pid 18174 on node-3, started 2026-12-04 07:00:00 UTC\n")
+    with pytest.raises(FileExistsError) as refused:
+        check_checkpoint_dir(ckpt, resume=False)
+    assert str(refused.value) == (
+        f"--checkpoint-dir {ckpt} holds a checkpoint (step_00000205), of a run that may still be going (pid 18174 on "
+        "node-3, started 2026-12-04 07:00:00 UTC): once it has ended, pass --resume to continue that run, or give a "
+        "new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
+    )
+
+
+def test_a_lock_file_this_user_may_only_read_is_locked_unnamed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's lock file, left by a killed run in a shared folder, opens read-only (``try_flock``): naming this
+    run in it raised io.UnsupportedOperation, a traceback. The lock is taken all the same, the file left as it was."""
+    import fcntl
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / LOCK_NAME).write_text("pid 1 on other, started 2026-01-01 00:00:00 UTC\n")
+
+    def read_only(path: Path) -> object:
+        handle = open(path, "rb")  # noqa: SIM115 (held as try_flock's is)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return handle
+
+    monkeypatch.setattr(checkpoint_lock, "try_flock", read_only)
+    with one_run_at_a_time(ckpt, rank=0, world_size=1):
+        assert (ckpt / LOCK_NAME).read_text().startswith("pid 1 on other")

@@ -729,6 +729,21 @@ def test_a_save_on_a_full_filesystem_is_one_line_naming_the_space_and_the_step_t
     accelerator.save_state = lambda folder: Path(folder).mkdir(parents=True)
     with pytest.raises(CheckpointNotWritten, match=r"\(OSError: \[Errno 28\] No space left on device: .*10240\.0 MiB"):
         save_checkpoint(accelerator, ckpt, 6, iterator)
+    # Two ranks: the one that wrote its files says what another found (it waited in the save's barrier, then died in
+    # a traceback once that rank had exited); accelerate's sum over the ranks here is the other's 1.
+    from lerobot_dali.cache_dirs import write_whole
+
+    monkeypatch.setattr(checkpoints, "write_whole", write_whole)  # (this rank's writes go through)
+    accelerator = SimpleNamespace(
+        is_main_process=False, wait_for_everyone=lambda: None, save_state=lambda folder: None, num_processes=2,
+        device=torch.device("cpu"), reduce=lambda flag, reduction: flag + 1,
+    )  # fmt: skip
+    with pytest.raises(
+        CheckpointNotWritten,
+        match=r"^the checkpoint of step 6 could not be written into .* \(another "
+        r"rank found no space to write its files\): its filesystem has 10240\.0 MiB free\. .* step 4$",
+    ):
+        save_checkpoint(accelerator, ckpt, 6, SimpleNamespace(world_size=2, rank=1, state_dict=lambda: {}))
 
 
 def test_a_signal_to_one_rank_or_to_torchrun_stops_both_ranks_at_one_step_and_resumes_exactly(
@@ -1728,10 +1743,17 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     argv = ["--dataset", str(tmp_path / "no-dataset"), "--steps", "1", "--device", "cpu", "--checkpoint-dir"]
     file = tmp_path / "file"
     file.write_text("")
+    broken = tmp_path / "broken"
+    broken.symlink_to(tmp_path / "nowhere")
     for path, message in (
         (ckpt, rf"--checkpoint-dir {ckpt} holds a checkpoint \(step_00000010\): pass --resume to continue that run"),
         (file, rf"--checkpoint-dir {file}: {file} is a file, not a folder; give a folder"),
         (file / "ckpt", rf"--checkpoint-dir {file}/ckpt: {file} is a file, not a folder; give a folder"),
+        (
+            broken,
+            rf"--checkpoint-dir {broken}: {broken} is a symbolic link to '{tmp_path}/nowhere', which does not "
+            r"exist \(or loops\); remove the link",
+        ),  # (a FileExistsError traceback as the run made the folder)
     ):
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="pipelines.train"):
