@@ -231,10 +231,12 @@ def _check(args: argparse.Namespace) -> int:
             report = _check_one(own)
         except (DatasetError, _CommandError, PermissionError) as e:  # (the others are still checked)
             # (with --json, stdout holds the JSON alone: the reason is in it, and said on stderr)
-            print(f"{dataset}: cannot open: {type(e).__name__}: {e}", file=sys.stderr if args.json else sys.stdout)
+            said = str(e) if isinstance(e, _CommandError) else f"{type(e).__name__}: {e}"  # (its type is private)
+            opening = "" if isinstance(e, _CommandError) else "cannot open: "  # (its message says 'cannot open ...')
+            print(f"{dataset}: {opening}{said}", file=sys.stderr if args.json else sys.stdout)
             # (a report as the others', its fields summed or read alike: one problem, of opening)
             failed_open = CheckReport(dataset, problem_kinds={f"{type(e).__name__} opening the dataset": 1})
-            report, worst = {**failed_open.to_json(), "error": f"{type(e).__name__}: {e}"}, 2
+            report, worst = {**failed_open.to_json(), "error": said}, 2
         reports.append(report)
         worst = max(worst, 0 if report["ok"] else 1)
     failed = sum(not r["ok"] for r in reports)

@@ -310,6 +310,11 @@ def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:
     assert sorted(reports[1]) == sorted([*reports[0], "error"]) and reports[1]["problem_count"] == 1
     assert reports[1]["problem_kinds"] == {"DatasetNotFoundError opening the dataset": 1}
     assert "nowhere: cannot open: DatasetNotFoundError" in captured.err
+    # One the command refuses to open is said without the command's private error type ('_CommandError: ...').
+    assert main(["check", str(clean), "http://127.0.0.1:1/ds#x", "--json"]) == 2
+    captured = capsys.readouterr()
+    said = "cannot open 'http://127.0.0.1:1/ds#x': ValueError: 'http://127.0.0.1:1/ds#x': a '#' in an http(s) URL"
+    assert json.loads(captured.out)[1]["error"].startswith(said) and f"ds#x: {said}" in captured.err, captured
     # A negative --show printed all but the last problems, then "... and 3 more" of 2.
     assert main(["check", str(root), "--workers", "0", "--show", "-1"]) == 2
     err = capsys.readouterr().err
