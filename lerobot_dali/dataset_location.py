@@ -188,6 +188,8 @@ def resolve_location(
     """
     target = os.fspath(path_or_repo)
     options = storage_options or {}
+    if revision is not None and not str(revision).strip():  # (read as None, main, unsaid)
+        raise ValueError(f"revision {revision!r} is empty: give a branch, tag or commit, or none for the default")
     if "://" not in target and os.path.isdir(target):
         _revision_ignored(revision, target, "a local folder")
         local = LocalFileSystem()

@@ -202,6 +202,15 @@ def test_two_different_revisions_are_refused(hub) -> None:
     assert hub == []
 
 
+def test_an_empty_revision_is_refused(hub, tmp_path) -> None:
+    """``--revision ""`` read the Hub's main (or a local folder) unsaid, where ``--revision main`` warns it is ignored
+    on a local folder."""
+    for target in ("user/ds", "hf://datasets/user/ds", str(tmp_path)):
+        with pytest.raises(ValueError, match=r"^revision ' ' is empty: give a branch, tag or commit"):
+            resolve_location(target, revision=" ")
+    assert hub == []
+
+
 def test_a_revision_where_no_hub_dataset_is_read_is_named_ignored(hub, tmp_path, caplog) -> None:
     """A local folder or another filesystem's URL is read as it is now: a revision asked for there selects nothing."""
     caplog.set_level(logging.WARNING, logger="lerobot_dali")
