@@ -224,10 +224,10 @@ class DatasetUnion(LeRobotDatasetReader):
         subtask_lists = [m.subtasks for m in self.members]
         if all(s == subtask_lists[0] for s in subtask_lists):
             self.subtasks = subtask_lists[0]
-        elif any(s is not None for s in subtask_lists):
+        elif "subtask_index" in self.tabular_keys:  # (else left out of the batches, as said where it was)
             warn_once(
-                logger, "%s: its datasets' subtask lists (meta/subtasks.parquet) differ, so batches carry each "
-                "dataset's own subtask_index and no 'subtask' strings", self.location.description,
+                logger, "%s: its datasets' subtask lists (meta/subtasks.parquet) differ or one has none, so batches "
+                "carry each dataset's own subtask_index and no 'subtask' strings", self.location.description,
             )  # fmt: skip
         # One bound on open data files for all, each kind's files within its own: each member's own (128) would let
         # a worker of a union of hundreds of datasets hold tens of thousands open. A nested union's datasets too:

@@ -150,7 +150,8 @@ class DALILeRobotMixture:
 
     ``weights`` (default: each dataset's frames sampled, as reading their concatenation would) set the shares.
     ``num_workers`` is split over the datasets by share (at least one each). Every other argument of
-    :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset, but ``dataset_options`` (one
+    :class:`~lerobot_dali.iterator.DALILeRobotIterator` applies to every dataset (but ``drop_last``, refused: every
+    mixture batch is full, and ``rank_balance='none'``), but ``dataset_options`` (one
     mapping per dataset) sets those of :data:`PER_DATASET_OPTIONS` for one dataset, e.g.
     ``[{"timestamp_source": "frame_index"}, {}]`` for a first dataset whose parquet timestamps are wall-clock.
     Its ``"rename_map"`` (LeRobot's ``rename_map``, ``{own key: batch key}``) gives a dataset's cameras or features

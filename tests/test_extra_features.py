@@ -325,6 +325,29 @@ def test_subtask_strings_batch_beside_the_task_as_lerobot_gives_them(make_ds, tm
         DALILeRobotIterator(root, batch_size=3, device="cpu", delta_timestamps={"subtask_index": [0.0, 1 / FPS]})
 
 
+def test_a_union_says_of_subtask_lists_only_what_its_batches_carry(make_ds, tmp_path: Path, caplog) -> None:
+    """A union of a dataset with subtasks and one without left ``subtask_index`` out (said so), then warned that
+    "batches carry each dataset's own subtask_index": they carried none (a review). Two with different lists carry
+    each one's index and no strings, which is said."""
+    from lerobot_dali import concat_datasets
+
+    plain = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    first = _with_subtasks(plain, tmp_path / "first")
+    other = _with_subtasks(plain, tmp_path / "other", subtask_list=False)
+    pq.write_table(
+        text_list_table("subtask", [(0, "reach"), (1, "pinch"), (2, "raise")]), other / "meta/subtasks.parquet"
+    )
+    said = []
+    for members in ([first, plain], [first, other]):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+            it = DALILeRobotIterator(concat_datasets(members, cameras=[]), batch_size=2, device="cpu", num_workers=0)
+            batch = next(iter(it))
+        said.append([r.getMessage() for r in caplog.records if "subtask lists" in r.getMessage()])
+        assert "subtask" not in batch and ("subtask_index" in batch) == (members[1] == other), sorted(batch)
+    assert said[0] == [] and len(said[1]) == 1 and "differ or one has none" in said[1][0], said
+
+
 def test_a_mixture_where_one_dataset_lacks_a_subtask_list_says_so_once(make_ds, tmp_path: Path, caplog) -> None:
     """Its batches carry no ``subtask`` strings (the other dataset's rows have none to give), which is said once;
     every batch after the first logged it again (at DEBUG, through the said-once folder: a hash and a file
