@@ -145,7 +145,7 @@ class OrderOptions:
             raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
         check_int("episode_pool_size", self.episode_pool_size, minimum=1)
         if self.piece_frames is not None:
-            check_int("piece_frames", self.piece_frames, minimum=1)
+            check_int("episode_piece_frames", self.piece_frames, minimum=1)  # (the argument's name, as users give it)
         check_int("drop_n_first_frames", self.drop_n_first_frames, minimum=0)
         check_int("drop_n_last_frames", self.drop_n_last_frames, minimum=0)
         check_int("checkpoint_interval", self.checkpoint_interval, minimum=1)

@@ -1169,3 +1169,9 @@ def test_unbalanced_states_saved_before_saved_rank_load_on_their_own_rank_only(v
         own = old[rank] if names_its_rank else {**old[rank], "saved_rank": rank}
         loaded.load_state_dict(json.loads(json.dumps(own)))
         np.testing.assert_array_equal(np.stack(loaded.next_batch()), rest[rank])
+
+
+def test_a_piece_length_under_1_is_named_as_the_argument_users_give() -> None:
+    """``episode_piece_frames=0`` was refused as "piece_frames must be >= 1", a name no caller passes (a review)."""
+    with pytest.raises(ValueError, match=r"^episode_piece_frames must be >= 1, got 0$"):
+        OrderOptions(piece_frames=0)
