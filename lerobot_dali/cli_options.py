@@ -10,9 +10,10 @@ Their parsers are :class:`ArgumentParser`, which takes a value that starts as a 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .value_checks import is_int
 
@@ -43,6 +44,19 @@ class ArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"-\.?\d")
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's error, with a hint where a positional argument given after an option of several values
+        (``check --episodes 0 1 DATASET``) was taken by it: argparse said only "the following arguments are required:
+        dataset" or "invalid int value: 'DATASET'" (a review)."""
+        bad = re.search(r"invalid \w+ value: '(.*)'$", message)
+        missing = re.search(r"the following arguments are required: (dataset|out)", message)
+        if missing or (bad and ("/" in bad.group(1) or os.path.exists(bad.group(1)))):
+            message += (
+                " (given after an option of several values, such as --cameras, --episodes or --tolerance-s, it was "
+                "taken as one of them: give DATASET, and OUT, before such options)"
+            )
+        super().error(message)
 
 
 def parse_size(text: str) -> tuple[int, int]:

@@ -205,3 +205,21 @@ def test_the_training_scripts_choice_flags_take_any_case_as_lerobot_dalis_do(
     with pytest.raises(SystemExit):
         parse_args([*TRAIN[:-1], "tpu"])
     assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_a_dataset_given_after_an_option_of_several_values_is_named_so(tmp_path, capsys) -> None:
+    """``check --episodes 0 1 DATASET`` and ``info --cameras cam DATASET``: the option took DATASET, and argparse said
+    only "invalid int value: 'DATASET'" or "the following arguments are required: dataset" (a review)."""
+    hint = "(given after an option of several values, such as --cameras, --episodes or --tolerance-s, it was taken "
+    for argv, said in (
+        (["check", "--episodes", "0", "1", str(tmp_path)], f"argument --episodes: invalid int value: '{tmp_path}' "),
+        (["check", "--tolerance-s", "0.1", str(tmp_path)], f"invalid float value: '{tmp_path}' "),
+        (["info", "--cameras", "cam", str(tmp_path)], "the following arguments are required: dataset "),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exited.value.code == 2 and said + hint in err, err
+    with pytest.raises(SystemExit):
+        main(["check", "--tolerance-s", "abc", str(tmp_path)])  # (no path taken: no hint)
+    assert "invalid float value: 'abc'\n" in capsys.readouterr().err
