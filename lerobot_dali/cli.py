@@ -12,6 +12,7 @@ import errno
 import json
 import logging
 import os
+import re
 import select
 import signal
 import sys
@@ -418,12 +419,23 @@ def _make_dataset(args: argparse.Namespace) -> int:
         )
     except (ValueError, FileExistsError, NotADirectoryError, PermissionError) as e:
         # A bad option (checked before anything is written) or an OUT that cannot become the dataset.
-        print(f"lerobot-dali make-dataset: {e}", file=sys.stderr)
+        print(f"lerobot-dali make-dataset: {_as_flag(str(e), _MAKE_DATASET_FLAGS)}", file=sys.stderr)
         return 2
     except OSError as e:  # (a full or read-only filesystem, a name too long: a traceback, status 1)
         return _not_written("make-dataset", args.out, e)
     print(out)
     return 0
+
+
+#: The arguments of ``make_dataset`` that ``make-dataset`` takes as a flag of the same name.
+_MAKE_DATASET_FLAGS = ("episodes_per_file", "frames_per_episode", "episodes", "cameras", "fps", "gop", "seed")
+
+
+def _as_flag(message: str, names: Sequence[str]) -> str:
+    """``message`` (the library's, about one of its arguments ``names``) naming the argument as the verb's flag: it
+    said "frames_per_episode must be in [1, 1048576]", a name no one types (a review)."""
+    said = re.match(rf"({'|'.join(names)})\b(?!\[)", message)
+    return f"--{said.group(1).replace('_', '-')}{message[said.end() :]}" if said else message
 
 
 def _not_written(verb: str, out: str, error: OSError) -> int:
@@ -454,7 +466,7 @@ def _reencode(args: argparse.Namespace) -> int:
     except DatasetError:
         raise  # (main names its type)
     except (ValueError, FileExistsError, NotADirectoryError, PermissionError) as e:
-        print(f"lerobot-dali reencode: {e}", file=sys.stderr)
+        print(f"lerobot-dali reencode: {_as_flag(str(e), ('jobs', 'crf', 'gop'))}", file=sys.stderr)
         return 2
     except OSError as e:
         from .remote_errors import is_transient

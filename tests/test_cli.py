@@ -155,15 +155,15 @@ def test_bad_size_argument_is_rejected() -> None:
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (("--episodes", "0"), "episodes must be in [1, "),
-        (("--frames-per-episode", "-1"), "frames_per_episode must be in [1, "),
-        (("--cameras", "-1"), "cameras must be in [0, "),
+        (("--episodes", "0"), "make-dataset: --episodes must be in [1, "),
+        (("--frames-per-episode", "-1"), "make-dataset: --frames-per-episode must be in [1, "),
+        (("--cameras", "-1"), "make-dataset: --cameras must be in [0, "),
         (("--size", "0x0"), "size[0] (height) must be >= 64, got 0"),
         (("--size", "63x64"), "size[0] (height) must be >= 64, got 63"),
-        (("--fps", "0"), "fps must be >= 1, got 0"),
-        (("--gop", "0"), "gop (maximum keyframe interval in frames) must be >= 1, got 0"),
-        (("--episodes-per-file", "0"), "episodes_per_file must be >= 1, got 0"),
-        (("--seed", "-1"), "seed must be >= 0, got -1"),
+        (("--fps", "0"), "make-dataset: --fps must be >= 1, got 0"),
+        (("--gop", "0"), "--gop (maximum keyframe interval in frames) must be >= 1, got 0"),
+        (("--episodes-per-file", "0"), "make-dataset: --episodes-per-file must be >= 1, got 0"),
+        (("--seed", "-1"), "make-dataset: --seed must be >= 0, got -1"),
         # Past what the codec encodes: a libsvtav1/libx264 error from inside PyAV once writing started, now said first.
         (
             ("--size", "20000x20000"),
@@ -176,10 +176,10 @@ def test_bad_size_argument_is_rejected() -> None:
             "at most 16384, height x width at most 264241152 pixels; 16254x16254 works",
         ),
         (("--codec", "hevc", "--size", "70000x64"), "height at most 65534, width at most 65534, "),
-        (("--fps", "1000"), "fps 1000 is more than libsvtav1 (codec av1) encodes: at most 240; pass fps 240 or less"),
+        (("--fps", "1000"), "--fps 1000 is more than libsvtav1 (codec av1) encodes: at most 240; pass fps 240 or less"),
         (
             ("--gop", "2147483648"),
-            "gop (maximum keyframe interval in frames) must be in [1, 2147483647], got 2147483648",
+            "--gop (maximum keyframe interval in frames) must be in [1, 2147483647], got 2147483648",
         ),
     ],
 )
@@ -191,6 +191,15 @@ def test_make_dataset_bad_options_are_one_line_errors(
     err = capsys.readouterr().err
     assert err.startswith("lerobot-dali make-dataset: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_reencode_names_its_bad_options_as_flags(tmp_path: Path, capsys) -> None:
+    """The library's argument names came through: "jobs must be >= 1", "crf for vp9 must be in [0, 63]" (a review)."""
+    source = make_dataset(tmp_path / "ds", episodes=1, frames_per_episode=4, size=(64, 64), codec="vp9")
+    for flags, said in ((["--jobs", "0"], "--jobs must be >= 1, got 0"),
+                        (["--crf", "99", "--codec", "vp9"], "--crf for vp9 must be in [0, 63], got 99")):  # fmt: skip
+        assert main(["reencode", str(source), str(tmp_path / "out"), *flags]) == 2
+        assert capsys.readouterr().err.startswith(f"lerobot-dali reencode: {said}")
 
 
 def test_make_dataset_unusable_out_is_a_one_line_error(tmp_path: Path, capsys) -> None:
