@@ -17,6 +17,7 @@ import pickle
 import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ from lerobot_dali.errors import ResumeStateError
 from lerobot_dali.new_folder import refuse_unwritable
 from lerobot_dali.stream_state import merge_rank_states
 from lerobot_dali.value_checks import is_int
-from pipelines.checkpoint_lock import named_holder
+from pipelines.checkpoint_lock import named_holder, one_run_at_a_time
 from pipelines.run_errors import RunRefused
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "CheckpointNotWritten",
     "augment_signature",
     "check_checkpoint_dir",
+    "held_for_this_run",
     "latest_checkpoint",
     "latest_saved_step",
     "prune_checkpoints",
@@ -314,6 +316,16 @@ def check_checkpoint_dir(root: Path, *, resume: bool, locked: bool = False) -> N
             f"--checkpoint-dir {root} holds a checkpoint ({name}){going}pass --resume to continue that run, or give "
             "a new --checkpoint-dir (a run from step 0 would replace its checkpoints)"
         )
+
+
+def held_for_this_run(
+    root: Path | None, *, resume: bool, rank: int, world_size: int, device: Any
+) -> contextlib.AbstractContextManager[None]:
+    """``root`` (``--checkpoint-dir``) locked for this run (:func:`~pipelines.checkpoint_lock.one_run_at_a_time`) and
+    checked again once locked (:func:`check_checkpoint_dir`): a run may have saved there since ``main`` checked it.
+    ``root`` None: nothing held."""
+    again = None if root is None else partial(check_checkpoint_dir, root, resume=resume, locked=True)
+    return one_run_at_a_time(root, rank=rank, world_size=world_size, device=device, still_usable=again)
 
 
 def latest_checkpoint(root: Path) -> Path | None:

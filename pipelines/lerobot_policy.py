@@ -62,8 +62,13 @@ from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.new_folder import is_inside, refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag
-from pipelines.checkpoint_lock import one_run_at_a_time
-from pipelines.checkpoints import augment_signature, check_checkpoint_dir, resume_latest, staged_folder
+from pipelines.checkpoints import (
+    augment_signature,
+    check_checkpoint_dir,
+    held_for_this_run,
+    resume_latest,
+    staged_folder,
+)
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.preemption import PreemptibleLoop
 from pipelines.progress import FiniteLoss, Throughput, log_progress
@@ -319,11 +324,10 @@ def train(options: PolicyTrainOptions) -> list[float]:
         )
     with setting_up():  # (one process where a launcher started several: one line)
         rank, world_size = data_rank(accelerator)
-    ckpt = options.checkpoint_dir
-    with one_run_at_a_time(  # (checked again once locked: a run may have saved there since check_files)
-        ckpt, rank=rank, world_size=world_size, device=accelerator.device,
-        still_usable=lambda: check_checkpoint_dir(ckpt, resume=options.resume, locked=True) if ckpt else None,
-    ):  # fmt: skip
+    held = held_for_this_run(
+        options.checkpoint_dir, resume=options.resume, rank=rank, world_size=world_size, device=accelerator.device
+    )
+    with held:
         return _train_as(accelerator, rank, world_size, options)
 
 

@@ -74,8 +74,13 @@ from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
-from pipelines.checkpoint_lock import one_run_at_a_time
-from pipelines.checkpoints import augment_signature, check_checkpoint_dir, latest_saved_step, resume_latest
+from pipelines.checkpoints import (
+    augment_signature,
+    check_checkpoint_dir,
+    held_for_this_run,
+    latest_saved_step,
+    resume_latest,
+)
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
 from pipelines.preemption import PREEMPTION_SIGNALS, Preempted, PreemptibleLoop
@@ -859,11 +864,10 @@ def train(options: TrainOptions) -> int:
     set_seed(options.seed)  # same initial weights on every rank (DDP broadcasts rank 0's anyway)
     with setting_up():  # (one process where a launcher started several: one line)
         rank, world_size = data_rank(accelerator)
-    ckpt = options.checkpoint_dir
-    with one_run_at_a_time(  # (checked again once locked: a run may have saved there since check_files)
-        ckpt, rank=rank, world_size=world_size, device=accelerator.device,
-        still_usable=lambda: check_checkpoint_dir(ckpt, resume=options.resume, locked=True) if ckpt else None,
-    ):  # fmt: skip
+    held = held_for_this_run(
+        options.checkpoint_dir, resume=options.resume, rank=rank, world_size=world_size, device=accelerator.device
+    )
+    with held:
         return _train_as(accelerator, rank, world_size, options)
 
 
