@@ -1770,7 +1770,7 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
         assert errors == [f"train.py: --record {record}: {blocker} is a file, not a folder; give a folder"], errors
     assert not started
     assert train_module.main([*argv, str(ckpt), "--resume"]) == 0
-    assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0  # (made by the first save)
+    assert train_module.main([*argv, str(tmp_path / "new" / "ckpt")]) == 0  # (made as the run starts)
     assert len(started) == 2
     from pipelines import lerobot_policy  # (its checkpoints are train.py's)
 
