@@ -259,7 +259,7 @@ def test_a_file_this_user_may_not_read_is_one_line_naming_it(
         assert err.count("\n") == 1 and str(refused) in err and "permission denied" in err.lower(), err
     assert main(["check", str(dataset), str(readable)]) == 2  # (the other dataset is checked still)
     said = capsys.readouterr().out.splitlines()
-    assert said[0].startswith(f"{dataset}: cannot open: ") and str(refused) in said[0], said
+    assert said[0].startswith(f"{dataset}: cannot open {str(dataset)!r}: ") and str(refused) in said[0], said
     assert said[-1] == "1 of 2 datasets have problems" and f"{readable}: 2 episodes" in said[1], said
     with pytest.raises(PermissionError, match=re.escape(str(refused))):
         DALILeRobotIterator(str(dataset), batch_size=1, device="cpu", num_workers=0)
