@@ -58,16 +58,25 @@ def one_run_at_a_time(
     made: list[Path] = []
     try:
         refusal = ""
+        failure: Exception | None = None  # (rank 0's, raised there once the other ranks know)
         if rank == 0:
-            made = _missing_folders(root)
-            root.mkdir(parents=True, exist_ok=True)
-            held, refusal = _take(root)
-            if not refusal and still_usable is not None:
+            try:
+                made = _missing_folders(root)
+                held, refusal = _take(root)
+            except OSError as e:
+                refusal = _not_taken(root, e)
+            except Exception as e:  # (said to the other ranks too, which would otherwise wait in the broadcast)
+                refusal, failure = f"rank 0 failed taking --checkpoint-dir {root}'s lock ({type(e).__name__}: {e})", e
+            if not refusal and failure is None and still_usable is not None:
                 try:
                     still_usable()
                 except (ValueError, OSError) as e:
                     refusal = str(e)
+                except Exception as e:
+                    refusal, failure = f"rank 0 failed checking --checkpoint-dir {root} ({type(e).__name__}: {e})", e
         refusal = _from_rank_0(refusal, world_size, device)
+        if failure is not None:
+            raise failure
         if refusal:
             raise RunRefused(refusal)
         yield
@@ -113,6 +122,15 @@ def _take(root: Path) -> tuple[Any, str]:
                 "end, or give another --checkpoint-dir (two runs saving there replace each other's checkpoints)"
             )
     return None, f"--checkpoint-dir {root}: its lock file {path} keeps being replaced; is another run starting there?"
+
+
+def _not_taken(root: Path, e: Exception) -> str:
+    """The refusal of a run whose lock on ``root`` could not be taken (a folder it may not write, a lock file made a
+    folder)."""
+    said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    named = getattr(e, "filename", None)
+    where = f" ({named})" if named and str(named) != str(root / LOCK_NAME) else ""
+    return f"--checkpoint-dir {root}: its lock file {root / LOCK_NAME} cannot be taken: {said}{where}"
 
 
 def named_holder(root: Path) -> str | None:

@@ -122,3 +122,55 @@ def test_a_lock_file_this_user_may_only_read_is_locked_unnamed(tmp_path: Path, m
     monkeypatch.setattr(checkpoint_lock, "try_flock", read_only)
     with one_run_at_a_time(ckpt, rank=0, world_size=1):
         assert (ckpt / LOCK_NAME).read_text().startswith("pid 1 on other")
+
+
+_TWO_RANKS = """
+import datetime, errno, json, os, sys
+from pathlib import Path
+import torch.distributed as dist
+from pipelines import checkpoint_lock
+from pipelines.checkpoint_lock import one_run_at_a_time
+
+store, ckpt, failing = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=20))
+
+def no_entry(path):
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+def broken_check():
+    raise KeyError("latest")
+
+if failing == "lock":
+    checkpoint_lock.try_flock = no_entry
+try:
+    with one_run_at_a_time(ckpt, rank=rank, world_size=2, still_usable=broken_check if failing == "check" else None):
+        said = "entered"
+except Exception as e:
+    said = f"{type(e).__name__}: {e}"
+dist.destroy_process_group()
+print(said)
+"""
+
+
+@pytest.mark.parametrize("failing", ["lock", "check"])
+def test_a_failure_of_rank_0_at_the_lock_is_said_on_every_rank(tmp_path: Path, failing: str) -> None:
+    """A lock rank 0 cannot take (a folder it may not write) raised there only: the other ranks waited in the
+    broadcast of its answer until the process group's timeout, then a gloo traceback. Each rank now says why: a
+    refusal naming the file where it is an OSError; rank 0's own exception (and its name on the others) otherwise."""
+    from launched_ranks import run_ranks
+
+    ckpt = tmp_path / "ckpt"
+    out = [line.strip() for line in run_ranks(_TWO_RANKS, 2, str(tmp_path / "store"), str(ckpt), failing)]
+    if failing == "lock":
+        refusal = (
+            f"RunRefused: --checkpoint-dir {ckpt}: its lock file {ckpt / LOCK_NAME} cannot be taken: Permission denied"
+        )
+        assert out == [refusal, refusal], out
+    else:
+        assert out == [
+            "KeyError: 'latest'",
+            f"RunRefused: rank 0 failed checking --checkpoint-dir {ckpt} (KeyError: 'latest')",
+        ], out
+    assert not ckpt.exists()  # (made for the run, nothing saved: removed)
