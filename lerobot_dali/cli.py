@@ -438,15 +438,16 @@ def _as_flag(message: str, names: Sequence[str]) -> str:
     return f"--{said.group(1).replace('_', '-')}{message[said.end() :]}" if said else message
 
 
-def _not_written(verb: str, out: str, error: OSError) -> int:
-    """Say that ``verb`` could not write OUT ``out`` (``error``, a write's, the half-written folder removed or kept
-    to resume as the verb does) in one line, with what to do; exit status 2, as an output refused."""
+def _not_written(verb: str, out: str, error: OSError, *, flag: str = "OUT") -> int:
+    """Say that ``verb`` could not write ``out`` (``error``, a write's, the half-written folder removed or kept
+    to resume as the verb does) in one line, with what to do about its ``flag``; exit status 2, as an output
+    refused."""
     advice = {
-        errno.ENOSPC: "free space there, or give an OUT on another filesystem",
-        errno.EDQUOT: "free space within the quota, or give an OUT on another filesystem",
-        errno.EROFS: "the filesystem is read-only: give an OUT on a writable one",
-        errno.ENAMETOOLONG: "give a shorter OUT",
-    }.get(error.errno or 0, "give an OUT this user can write")
+        errno.ENOSPC: f"free space there, or give an {flag} on another filesystem",
+        errno.EDQUOT: f"free space within the quota, or give an {flag} on another filesystem",
+        errno.EROFS: f"the filesystem is read-only: give an {flag} on a writable one",
+        errno.ENAMETOOLONG: f"give a shorter {flag}",
+    }.get(error.errno or 0, f"give an {flag} this user can write")
     print(f"lerobot-dali {verb}: cannot write {out}: {_one_line(error)}; {advice}", file=sys.stderr)
     return 2
 
@@ -571,8 +572,7 @@ def _bench(args: argparse.Namespace) -> int:
         report = run_bench(config)
     except ResultsNotWritten as e:  # (the measurements printed all the same: the run took minutes)
         print(format_table(e.report))
-        print(f"lerobot-dali bench: {e}: free space there, or give another --out", file=sys.stderr)
-        return 2
+        return _not_written("bench", f"its results to {e.report.out_dir}", e.error, flag="--out")
     print(format_table(report))
     for note in report.notes:
         print(f"note: {note}")

@@ -173,19 +173,29 @@ def test_results_that_cannot_be_written_are_one_line_after_the_table(
 
     from lerobot_dali import bench
 
-    def full(*args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "full" / ".bench.csv.tmp"))
+    def failing(code: int, name: Path) -> Any:
+        def write(*args: object, **kwargs: object) -> None:
+            raise OSError(code, os.strerror(code), str(name))
 
-    monkeypatch.setattr(bench, "write_report", full)
+        return write
+
+    monkeypatch.setattr(bench, "write_report", failing(errno.ENOSPC, tmp_path / "full" / ".bench.csv.tmp"))
     dataset = cache_dir / default_specs(True)[0].folder
     code = main(["bench", "--device", "cpu", "--dataset", str(dataset), "--loaders", "pyav-dataloader",
                  "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "full")])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 2 and "pyav-dataloader" in out and "frames/s" in out, out
     assert err.strip().splitlines()[-1] == (
-        f"lerobot-dali bench: results not written to {tmp_path / 'full'}: [Errno 28] No space left on device: "
-        f"'{tmp_path / 'full' / '.bench.csv.tmp'}': free space there, or give another --out"
+        f"lerobot-dali bench: cannot write its results to {tmp_path / 'full'}: OSError: [Errno 28] No space left on "
+        f"device: '{tmp_path / 'full' / '.bench.csv.tmp'}'; free space there, or give an --out on another filesystem"
     ), err
+    errors = ((errno.EACCES, "give an --out this user can write"), (errno.EROFS, "the filesystem is read-only: give "
+              "an --out on a writable one"))  # fmt: skip
+    for code, advice in errors:
+        monkeypatch.setattr(bench, "write_report", failing(code, tmp_path / "o"))
+        assert main(["bench", "--device", "cpu", "--dataset", str(dataset), "--loaders", "pyav-dataloader",
+                     "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "o")]) == 2  # fmt: skip
+        assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f"'{tmp_path / 'o'}'; {advice}")
     for flag in ("--out", "--cache-dir"):
         assert main(["bench", "--device", "cpu", "--dataset", str(dataset), flag, " "]) == 2
         assert (
