@@ -313,7 +313,7 @@ class DatasetSpec:
             raise ValueError(f"size must be (height, width), got {self.size!r}.")
         for name, value in zip(("size[0] (height)", "size[1] (width)"), self.size, strict=True):
             _check_int(name, value, MIN_MARKER_SIZE)
-            if value % 2:
+            if value % 2 and self.cameras and self.image_cameras is not True:  # (PNG images take any size)
                 raise ValueError(f"{name} must be even for yuv420p video, got {value}.")
         object.__setattr__(self, "size", (int(self.size[0]), int(self.size[1])))
         _check_encode_args(self.codec, fps=self.fps, gop=self.gop, crf=self.crf)

@@ -575,3 +575,17 @@ def test_video_and_image_cameras_in_one_dataset(make_ds, copy_ds) -> None:
     assert samples == sum(VIDEO_LENGTHS)
     augmented = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, augment=augment)
     assert next(iter(augmented))[wrist].shape == (4, 3, height, width)
+
+
+def test_image_cameras_of_an_odd_size_are_written_and_read_exactly(make_ds) -> None:
+    """An odd height or width was refused for image cameras as for yuv420p video, which PNG is not."""
+    from lerobot_dali.generate import DatasetSpec
+
+    with pytest.raises(ValueError, match=r"size\[0\] \(height\) must be even for yuv420p video, got 65"):
+        DatasetSpec(episodes=1, frames_per_episode=2, size=(65, 67))
+    root = make_ds(episodes=2, frames_per_episode=[3, 2], cameras=1, size=(65, 67), fps=FPS, image_cameras=True)
+    it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, return_uint8=True)
+    (batch,) = list(it)
+    got = batch[CAM0].permute(0, 2, 3, 1).numpy()
+    want = [draw_marker(e, f, 65, 67, 0) for e, f in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]]
+    np.testing.assert_array_equal(got, np.stack(want))
