@@ -39,11 +39,12 @@ class ArgumentParser(argparse.ArgumentParser):
     value, not an unknown option: ``--image-size -1x5`` and ``--lr -1e-3`` reach the checks that say what is allowed,
     as ``--image-size=-1x5`` did, where argparse up to Python 3.13 took those alone that are whole numbers (``-1``,
     ``-0.5``) and stopped at "expected one argument". This is the rule of Python 3.14's argparse, and holds while no
-    option of the parser looks like a negative number (none does)."""
+    option of the parser looks like a negative number (none does); ``-inf`` and ``-nan``, which ``float`` reads, are
+    values too (the parsers have no one-dash options)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"-\.?\d")
+        self._negative_number_matcher = re.compile(r"-\.?\d|-(inf|infinity|nan)$", re.IGNORECASE)
 
     def error(self, message: str) -> NoReturn:
         """argparse's error, with a hint where a positional argument given after an option of several values

@@ -103,6 +103,8 @@ def test_bench_and_train_word_image_size_alike(size: list[str], tmp_path, monkey
     [
         (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--tolerance-s", "-1e-3"], "--tolerance-s must be a positive finite number of seconds, got -0.001"),
+        (["--tolerance-s", "-inf"], "--tolerance-s must be a positive finite number of seconds, got -inf"),
+        (["--tolerance-s", "-NaN"], "--tolerance-s must be a positive finite number of seconds, got nan"),
         # (past NVDEC's largest frame: a square of 16,256 was a VideoDecodeError blaming the video; 2**32 an
         # OverflowError traceback at the first batch)
         (["--image-size", "16256x16256"], f"{SIZE_TAKES}, got 16256x16256"),
@@ -128,6 +130,7 @@ def test_bench_takes_a_value_that_starts_as_a_negative_number_as_its_value(
     [
         (["--image-size", "-1x5"], f"{SIZE_TAKES}, got -1x5"),
         (["--lr", "-1e-3"], "--lr must be a finite number > 0, got -0.001"),
+        (["--lr", "-inf"], "--lr must be a finite number > 0, got -inf"),
         (["--grad-clip", "-1e-3"], "--grad-clip must be a finite number >= 0 (0: no clipping), got -0.001"),
         (["--tolerance-s", "-1e-3"], "--tolerance-s must be a positive finite number of seconds, got -0.001"),
         (["--dataset", "d", "e", "--weights", "-1e-3", "1"], "--weights must be finite numbers > 0, got -0.001 1.0"),
