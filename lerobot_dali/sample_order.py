@@ -241,8 +241,8 @@ def _fewer_units_fix(counts: np.ndarray, world_size: int) -> str:
         return f"they hold {frames} frame(s) in all, fewer than the ranks: use fewer ranks or more episodes"
     pieces = max(1, frames // (4 * world_size))
     return (
-        f"use fewer ranks or more episodes, or deal episodes in pieces: episode_piece_frames={pieces} gives each "
-        f"rank about 4 pieces (pipelines/train.py: --episode-piece-frames {pieces})"
+        f"use fewer ranks or more episodes, or deal episodes in pieces: episode_piece_frames={pieces} gives the "
+        f"ranks 4 pieces or more each on average (pipelines/train.py: --episode-piece-frames {pieces})"
     )
 
 
