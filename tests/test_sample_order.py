@@ -727,8 +727,8 @@ def test_too_few_episodes_for_the_ranks() -> None:
     # The value the error suggests deals: 150 frames, 4 ranks -> pieces of 9 frames, 5 + 3 + 10 of them.
     with pytest.raises(
         ShardingError,
-        match=r"episode_piece_frames=9 gives the ranks 4 pieces or more each on average \(pipelines/train\.py: --episode-piece-frames "
-        r"9\)$",
+        match=r"episode_piece_frames=9 gives the ranks 4 pieces or more each on average \(pipelines/train\.py: "
+        r"--episode-piece-frames 9\)$",
     ) as raised:
         SampleOrder(np.array([40, 0, 20, 90]), rank=0, world_size=4).num_samples(0)
     suggested = int(re.search(r"episode_piece_frames=(\d+)", str(raised.value)).group(1))
