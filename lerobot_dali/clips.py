@@ -40,6 +40,7 @@ from .frame_checks import mid_gop_error
 from .keyframe_sizes import KEYFRAME_SIZE_CODECS, ReadAt, check_clip_keyframe_sizes
 from .packet_index import PacketIndex
 from .random_access import nal_layout, resets_decoder
+from .sequence_headers import h264_parameter_sets, keyframe_sequence_headers
 from .video_source import VideoSource, open_video_source
 
 __all__ = [
@@ -408,6 +409,7 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     """Mux ``payloads`` (the planned packets) into an in-memory MP4, re-timed to a gap-free constant rate."""
     if len(payloads) != plan.frame_count:
         raise ValueError(f"remux_clip got {len(payloads)} payloads for a plan of {plan.frame_count} packets.")
+    payloads = _parameter_sets_in_band(index, payloads)
     if index.codec in KEYFRAME_SIZE_CODECS and not index.keyframe_sizes_checked:  # (a remote file: its index read some)
         seconds = float(index.time_base)
         keyframes = [
@@ -441,6 +443,29 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     except av.error.FFmpegError as e:
         raise VideoDecodeError(f"{index.source_name}: remuxing a clip of {count} packets failed ({e}).") from e
     return np.frombuffer(output.getvalue(), dtype=np.uint8)
+
+
+def _parameter_sets_in_band(index: PacketIndex, payloads: list[bytes]) -> list[bytes]:
+    """``payloads`` with the stream's SPS and PPS before the first, where that is an H.264 keyframe that is no IDR
+    picture (an open-GOP I picture at a recovery point) and carries none of its own. FFmpeg's ``h264_mp4toannexb``,
+    which DALI's decoder runs on an MP4, puts the ``avcC``'s parameter sets in-band only before IDR pictures, and
+    DALI 2.4 hands NVDEC's parser the ``avcC`` record as it is, not as the units the parser reads (by a reading of
+    its source; not yet seen on a GPU): a clip from such a keyframe reached NVDEC with no SPS before its first
+    picture. PyAV's decoder reads the ``avcC`` itself, so the CPU tests alone could not show it. The units are the
+    ``avcC``'s own: every decoder decodes the same frames."""
+    if index.codec != "h264" or not payloads:
+        return payloads
+    extradata = template_container(index).streams.video[0].codec_context.extradata
+    layout, first = nal_layout(index.codec, extradata), payloads[0]
+    if layout is None or resets_decoder(layout, first):
+        return payloads
+    size = layout.length_size
+    own = keyframe_sequence_headers("h264", lambda at, n: first[at : at + n], len(first), length_size=size)
+    units = h264_parameter_sets(extradata)
+    if own or not units or any(len(unit) >= 1 << (8 * size) for unit in units):
+        return payloads
+    prefix = b"".join(len(unit).to_bytes(size, "big") + unit for unit in units)
+    return [prefix + first, *payloads[1:]]
 
 
 def build_clip(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["SEQUENCE_HEADER_CODECS", "keyframe_sequence_headers"]
+__all__ = ["SEQUENCE_HEADER_CODECS", "h264_parameter_sets", "keyframe_sequence_headers"]
 
 #: Reads ``length`` bytes of the packet from byte ``offset`` of it (fewer at its end).
 ReadBytes = Callable[[int, int], bytes]
@@ -99,3 +99,24 @@ def _leb128(data: bytes) -> tuple[int, int] | None:
         if not byte & 0x80:
             return value, i + 1
     return None
+
+
+def h264_parameter_sets(extradata: bytes | None) -> tuple[bytes, ...] | None:
+    """The SPS and PPS NAL units an H.264 stream's ``avcC`` extradata holds (each whole, SPS first), or None where it
+    is no ``avcC`` record (an Annex B stream's) or does not parse."""
+    if not extradata or len(extradata) < 7 or extradata[0] != 1:
+        return None
+    units: list[bytes] = []
+    position = 5
+    for mask in (0x1F, 0xFF):  # (the SPS count shares its byte with reserved bits; the PPS count has it whole)
+        if position >= len(extradata):
+            return None
+        count, position = extradata[position] & mask, position + 1
+        for _ in range(count):
+            size = int.from_bytes(extradata[position : position + 2], "big")
+            unit = extradata[position + 2 : position + 2 + size]
+            if size < 2 or len(unit) != size:
+                return None
+            units.append(unit)
+            position += 2 + size
+    return tuple(units)

@@ -320,9 +320,9 @@ def test_clip_of_file_changed_since_indexing(marker_video: MarkerVideo, tmp_path
         build_clip(path, index, [80])
 
 
-def _encode_open_gop(path: Path, codec: str, frames: int = 90) -> None:
+def _encode_open_gop(path: Path, codec: str, frames: int = 90, *, height: int = 64, width: int = 96) -> None:
     """Open GOPs: keyframes (HEVC CRA, x264 recovery-point I-frames) whose leading B-pictures are shown before
-    them but decoded after, and which do not reset the decoder as an IDR does."""
+    them but decoded after, and which do not reset the decoder as an IDR does. Marker frames (i // 30, i % 30)."""
     params = "keyint=10:min-keyint=10:open-gop=1:bframes=3:scenecut=0"
     options = {
         "libx265": {"preset": "ultrafast", "crf": "28", "x265-params": f"{params}:log-level=none"},
@@ -330,10 +330,10 @@ def _encode_open_gop(path: Path, codec: str, frames: int = 90) -> None:
     }[codec]
     with av.open(str(path), "w", format="mp4") as container:
         stream = container.add_stream(codec, rate=30)
-        stream.width, stream.height, stream.pix_fmt = 96, 64, "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = options
         for i in range(frames):
-            frame = av.VideoFrame.from_ndarray(draw_marker(i // 30, i % 30, 64, 96), format="rgb24")
+            frame = av.VideoFrame.from_ndarray(draw_marker(i // 30, i % 30, height, width), format="rgb24")
             frame.pts = i
             container.mux(stream.encode(frame))
         container.mux(stream.encode())
@@ -619,3 +619,45 @@ def test_fragmented_mp4_clips_and_cpu_decode(tmp_path: Path) -> None:
     windows += [np.array([f]) for f in np.random.default_rng(0).integers(0, index.frame_count, 8).tolist()]
     _check_clips(path, index, windows)
     _check_cpu_decodes(path, index, windows)
+
+
+def _annexb_unit_types(clip: np.ndarray) -> list[list[int]]:
+    """The NAL unit types of each packet of an H.264 clip as DALI's decoder feeds NVDEC: after FFmpeg's
+    ``h264_mp4toannexb``."""
+    from av.bitstream import BitStreamFilterContext
+
+    types = []
+    with av.open(io.BytesIO(clip.tobytes())) as container:
+        stream = container.streams.video[0]
+        annexb = BitStreamFilterContext("h264_mp4toannexb", stream)
+        for packet in [*container.demux(stream), None]:
+            for out in annexb.filter(packet):
+                units = bytes(out).split(b"\x00\x00\x01")[1:]
+                types.append([unit[0] & 0x1F for unit in units])
+    return types
+
+
+@pytest.mark.parametrize("container_format", ["mp4", "matroska"])
+def test_a_clip_from_a_keyframe_that_is_no_idr_carries_the_parameter_sets(
+    tmp_path: Path, container_format: str
+) -> None:
+    """FFmpeg's h264_mp4toannexb, which DALI runs before NVDEC, puts the avcC's SPS and PPS in-band before IDR pictures
+    alone: a clip starting at an x264 open-GOP keyframe (an I picture at a recovery point) reached NVDEC as [SEI,
+    slice], no SPS before it. Its first packet now carries the avcC's own SPS and PPS; a clip from an IDR picture is
+    left as it was (the filter adds them there, once), and both decode to the frames asked for."""
+    from lerobot_dali.sequence_headers import h264_parameter_sets
+
+    suffix = {"mp4": "mp4", "matroska": "mkv"}[container_format]
+    path = encode_open_keyframes(tmp_path / f"open_keyframes.{suffix}", container_format=container_format)
+    index = build_packet_index(path)
+    with av.open(str(path)) as container:
+        sps, pps = h264_parameter_sets(container.streams.video[0].codec_context.extradata)
+    assert sps[0] & 0x1F == 7 and pps[0] & 0x1F == 8
+    for window, first_types in (([10, 11, 12], [7, 8, 6, 1]), ([0, 1], [6, 7, 8, 5]), ([5, 33], [7, 8, 6, 1])):
+        clip = build_clip(path, index, window)
+        types = _annexb_unit_types(clip.data)
+        assert types[0] == first_types and sum(t.count(7) for t in types) == 1, (window, types[:3])
+        with av.open(io.BytesIO(clip.data.tobytes())) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert [read_marker(frames[r]) for r in clip.relative_indices.tolist()] == [(0, f) for f in window]
+    assert h264_parameter_sets(b"") is None and h264_parameter_sets(b"\x01\x64\x00\x1f\xff\xe1\x00\x40\x67") is None

@@ -22,7 +22,14 @@ from lerobot_dali.decode_route import DecodeRoute, nvdec_table_guess, probe_gpu,
 from lerobot_dali.errors import CodecUnsupportedError  # noqa: E402
 from lerobot_dali.frame_marker import read_marker  # noqa: E402
 from lerobot_dali.packet_index import build_packet_index  # noqa: E402
-from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, r1_video, reference_frames  # noqa: E402
+from tests.video_fixtures import (  # noqa: E402
+    EPISODE_LENGTHS,
+    EPISODE_STARTS,
+    MarkerVideo,
+    encode_open_keyframes,
+    r1_video,
+    reference_frames,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -96,6 +103,43 @@ def test_mixed_decode_of_real_h264_with_b_frames() -> None:
     path = r1_video()
     windows = [np.arange(0, 4), np.arange(1971, 1975), np.array([700, 702, 704, 710]), np.array([5, 1974])]
     _check_mixed(path, windows, markers=False)
+
+
+@pytest.mark.parametrize("container_format", ["mp4", "matroska"])
+def test_mixed_decode_of_clips_from_open_gop_keyframes(tmp_path: Path, container_format: str) -> None:
+    """x264 open-GOP keyframes (I pictures at recovery points, no IDR): a clip starting at one carries the avcC's SPS
+    and PPS in-band (``clips._parameter_sets_in_band``), which FFmpeg's h264_mp4toannexb adds before IDR pictures
+    alone; without them NVDEC, given DALI's avcC record as it is, had no SPS before the clip's first picture (read in
+    DALI 2.4's source, not seen). Every window, sparse ones across keyframes included, reads its own markers."""
+    suffix = {"mp4": "mp4", "matroska": "mkv"}[container_format]
+    path = encode_open_keyframes(tmp_path / f"open_keyframes.{suffix}", frames=40, container_format=container_format)
+    index = build_packet_index(path)
+    windows = [np.array(w) for w in ([10, 11, 12], [3], [4, 5], [20], [37, 38, 39], [5, 33], [0, 39], [30, 12, 21])]
+    clips = [build_clip(path, index, window) for window in windows]
+    decoded = decode_clip_batch([c.data for c in clips], [c.relative_indices for c in clips], device_id=0)
+    for window, frames in zip(windows, decoded, strict=True):
+        assert frames.shape == (len(window), index.height, index.width, 3), (window, frames.shape)
+        assert [read_marker(frame) for frame in frames] == [(0, int(f)) for f in window], window
+
+
+@pytest.mark.parametrize("codec", ["libx264", "libx265"])
+def test_mixed_decode_of_open_gop_clips_with_leading_pictures(tmp_path: Path, codec: str) -> None:
+    """Open GOPs whose keyframes (x264 recovery-point I pictures, HEVC CRA) are followed by leading B-pictures: a clip
+    from such a keyframe drops them (they reference the GOP before), and NVDEC's parser may drop RASL pictures after
+    a CRA at a stream's start itself (closed source: not known). Frames just before and after each keyframe, alone
+    and across GOPs, read their own markers."""
+    from tests.test_clips import _encode_open_gop
+
+    path = tmp_path / "open_gop.mp4"
+    _encode_open_gop(path, codec, **GPU_SIZE)
+    index = build_packet_index(path)
+    assert index.has_leading_pictures
+    windows = [np.array([f]) for f in (0, 8, 9, 10, 11, 19, 20, 21, 89)]
+    windows += [np.array([7, 8, 9, 10, 11]), np.array([19, 41, 62]), np.array([89, 0, 30, 30]), np.array([12, 13])]
+    clips = [build_clip(path, index, window) for window in windows]
+    decoded = decode_clip_batch([c.data for c in clips], [c.relative_indices for c in clips], device_id=0)
+    for window, frames in zip(windows, decoded, strict=True):
+        assert [read_marker(frame) for frame in frames] == [(int(f) // 30, int(f) % 30) for f in window], window
 
 
 def test_av1_route_follows_the_probe(marker_video: MarkerVideo, caplog: pytest.LogCaptureFixture) -> None:
