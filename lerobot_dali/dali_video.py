@@ -20,8 +20,10 @@ __all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "dali_error_reason", "decode_
 DALI_CPU_CODECS: frozenset[str] = frozenset({"vp8", "vp9", "mjpeg"})
 """Codecs (FFmpeg names) that ``fn.decoders.video(device="cpu")`` decodes."""
 
-DALI_NVDEC_CODECS: frozenset[str] = frozenset({"h264", "hevc", "av1", "vp8", "vp9", "mjpeg", "mpeg4"})
-"""Codecs that ``fn.decoders.video(device="mixed")`` can send to NVDEC (the GPU may still lack some)."""
+DALI_NVDEC_CODECS: frozenset[str] = frozenset({"h264", "hevc", "av1", "vp8", "vp9", "mpeg4"})
+"""Codecs that ``fn.decoders.video(device="mixed")`` can send to NVDEC (the GPU may still lack some). Not MJPEG,
+which DALI 2.4's GPU variant refuses ("not supported by the GPU variant of this operator"; its list has it commented
+out) though NVDEC decodes JPEG: an MJPEG camera goes to the CPU fallback without a probe."""
 
 
 def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixed"]) -> Any:

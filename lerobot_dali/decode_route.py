@@ -231,8 +231,9 @@ def _log_fallback_once(what: str, gpu: GpuInfo, route: DecodeRoute, because: str
         _logged_fallbacks.add(key)
         # (Not where the driver's NVDEC library is missing: then no copy decodes on NVDEC either.)
         copy = nvdec_table_guess(codec, gpu) is False and nvdec_table_guess("h264", gpu) and nvcuvid_library()
+        decoder = f"NVDEC on {gpu.name}" if codec in DALI_NVDEC_CODECS else f"DALI's GPU decoder (on {gpu.name})"
         warn_once(logger,
-            "NVDEC on %s cannot decode %s%s; decoding it on the CPU (route %s).%s", gpu.name, what, because,
+            "%s cannot decode %s%s; decoding it on the CPU (route %s).%s", decoder, what, because,
             route.value, REENCODE_HINT if copy else "",
         )  # fmt: skip
 

@@ -113,7 +113,7 @@ def test_table_guess() -> None:
     assert nvdec_table_guess("av1", GpuInfo(device_id=0, name="B200", compute_capability=(10, 0))) is True
     assert nvdec_table_guess("h264", H200) is True and nvdec_table_guess("hevc", L4) is True
     assert nvdec_table_guess("evc", L4) is False
-    assert nvdec_table_guess("mjpeg", L4) is None
+    assert nvdec_table_guess("mjpeg", L4) is False  # (DALI 2.4's GPU decoder refuses it: its list has it commented out)
 
 
 NOT_SUPPORTED = "Codec configuration not supported on this GPU"
@@ -129,6 +129,22 @@ def test_route_choices() -> None:
     assert DecodeRoute.NVDEC.dali_device == "mixed" and DecodeRoute.DALI_CPU.dali_device == "cpu"
     assert DecodeRoute.CPU_FALLBACK.dali_device is None
     assert set(DALI_CPU_CODECS) == {"vp8", "vp9", "mjpeg"}
+
+
+def test_mjpeg_goes_to_dalis_cpu_decoder_on_a_gpu(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DALI 2.4's GPU decoder refuses MJPEG ("not supported by the GPU variant of this operator"), though NVDEC
+    decodes JPEG: it was in the codecs sent to NVDEC, which decode='gpu' accepted and a probe alone refused."""
+    with pytest.raises(CodecUnsupportedError, match="DALI sends only av1, h264, hevc, mpeg4, vp8, vp9 to NVDEC"):
+        choose_route("mjpeg", decode="gpu", gpu=L4, nvdec_supported=True)
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: "libnvcuvid.so.1")  # (a driver with NVDEC)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        assert choose_route("mjpeg", gpu=L4, nvdec_supported=None, label="camera m") is DecodeRoute.DALI_CPU
+    assert [r.getMessage() for r in caplog.records] == [
+        "DALI's GPU decoder (on NVIDIA L4) cannot decode camera m (mjpeg); decoding it on the CPU (route dali_cpu)."
+        + decode_route.REENCODE_HINT
+    ]
 
 
 def test_av1_without_nvdec_falls_back_with_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
