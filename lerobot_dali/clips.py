@@ -58,6 +58,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: Pictures DALI 2.4's GPU decoder (``fn.decoders.video``, device "mixed", which reads a clip without an index) holds
+#: before it returns the lowest-timestamped one (``num_decode_surfaces_``; ``ReadNextFrameWithoutIndex``): its frames
+#: come in display order only where no picture follows as many that show after it in decode order.
+DALI_GPU_PICTURE_SLOTS = 8
 #: Open stream templates kept per process (:func:`template_container`): a few KB each plus FFmpeg's state.
 TEMPLATE_CACHE_SIZE = 64
 _templates: OrderedDict[tuple[int, bytes], Any] = OrderedDict()
@@ -424,6 +428,13 @@ def remux_clip(index: PacketIndex, plan: ClipPlan, payloads: list[bytes]) -> np.
     rank = np.argsort(np.argsort(index.pts[plan.packet_positions], kind="stable"), kind="stable")
     # Decode timestamps must not exceed presentation ones: shift them back by the reorder delay.
     delay = max(0, int((np.arange(count) - rank).max()))
+    if delay >= DALI_GPU_PICTURE_SLOTS:
+        raise VideoDecodeError(
+            f"{index.source_name}: a clip of it has a picture decoded after {delay} that show later, more than the "
+            f"{DALI_GPU_PICTURE_SLOTS} DALI's GPU decoder holds to put pictures in display order: it would return "
+            "them out of order. Decode this camera on the CPU (decode='cpu'), or re-encode the video with fewer "
+            "B-frames (lerobot-dali reencode)."
+        )
     duration = index.frame_duration
     output = io.BytesIO()
     try:

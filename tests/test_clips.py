@@ -661,3 +661,22 @@ def test_a_clip_from_a_keyframe_that_is_no_idr_carries_the_parameter_sets(
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         assert [read_marker(frames[r]) for r in clip.relative_indices.tolist()] == [(0, f) for f in window]
     assert h264_parameter_sets(b"") is None and h264_parameter_sets(b"\x01\x64\x00\x1f\xff\xe1\x00\x40\x67") is None
+
+
+def test_a_clip_reordered_deeper_than_dalis_gpu_decoder_holds_is_refused(marker_video: MarkerVideo) -> None:
+    """DALI 2.4's GPU decoder reads a clip without an index: it holds 8 decoded pictures and returns the one of lowest
+    timestamp, so a picture decoded after 8 that show later came out after one of them, silently. Such a clip is
+    refused naming the way out; one reordered 7 deep is muxed as before."""
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    plan = clips.ClipPlan(segments=((0, 10),), packet_positions=np.arange(10), relative_indices=np.arange(10))
+    payloads = read_packet_payloads(path, index, plan)
+    for ranks, refused in (([1, 2, 3, 4, 5, 6, 7, 8, 0, 9], True), ([1, 2, 3, 4, 5, 6, 7, 0, 8, 9], False)):
+        pts = index.pts.copy()
+        pts[:10] = np.array(ranks) * index.frame_duration
+        reordered = dataclasses.replace(index, pts=pts)
+        if refused:
+            with pytest.raises(VideoDecodeError, match="a picture decoded after 8 that show later, more than the 8 "):
+                clips.remux_clip(reordered, plan, payloads)
+        else:
+            assert clips.remux_clip(reordered, plan, payloads).size > sum(len(p) for p in payloads)
