@@ -730,3 +730,18 @@ def test_bad_call_arguments_are_rejected() -> None:
     blur = RANDOM_CONFIGS["blur"]
     with pytest.raises(TypeError, match=r"^draws\['blur_sigma'\] must be a DALI DataNode, got float$"):
         run(lambda x: augment_frames(x, config=blur, camera_index=0, draws=dict.fromkeys(draw_names(blur), 1.0)), data)
+
+
+def test_a_crop_try_as_wide_as_the_frame_fits_like_torchvision() -> None:
+    # Frame 4 x 8 (h x w), scale 0.5, ratio 4: every try is area 16 at w/h = 4, i.e. 8 x 2 pixels, as wide as the
+    # frame, which torchvision accepts (0 < w <= width). Its top is randint(0, 4 - 2 + 1): 0, 1 or 2 rows, so starts
+    # y = 0, 0.25, 0.5 all occur over 64 samples; x spans the whole width. (Refusing w == width would fall back to
+    # the centred window every time: top 1, y = 0.25 only.)
+    config = AugmentConfig(random_resized_crop=RandomResizedCrop(size=(2, 8), scale=(0.5, 0.5), ratio=(4.0, 4.0)))
+    keys = np.stack([np.zeros(64, np.int64), np.zeros(64, np.int64), np.arange(64)], axis=1)
+    out = draw_params(config, seed=0, stream="camera0", keys=keys, frame_size=(4, 8))
+    start, end = out["crop_start"], out["crop_end"]
+    assert set(start[:, 0].tolist()) == {0.0, 0.25, 0.5}
+    np.testing.assert_array_equal(end[:, 0] - start[:, 0], np.full(64, 0.5, np.float32))  # 2 of 4 rows
+    np.testing.assert_array_equal(start[:, 1], np.zeros(64, np.float32))
+    np.testing.assert_array_equal(end[:, 1], np.ones(64, np.float32))

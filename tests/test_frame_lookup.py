@@ -405,3 +405,28 @@ def test_a_dataset_whose_videos_are_at_29_97_fps_under_30_in_info_json(make_ds, 
     )
     assert sum(len(batch["index"]) for batch in it) == 90
     it.close()
+
+
+def test_frame_index_timestamps_refuse_a_negative_index() -> None:
+    from lerobot_dali.frame_lookup import frame_index_timestamps_s
+
+    np.testing.assert_array_equal(frame_index_timestamps_s(np.array([0, 3]), fps=10), [0.0, 0.3])
+    with pytest.raises(ValueError, match="non-negative"):
+        frame_index_timestamps_s(np.array([2, -1]), fps=10)
+
+
+def test_query_off_by_exactly_tolerance_plus_rounding_is_accepted() -> None:
+    # Frames at 0, 1, 2 s (1 fps, time base 1/512 s, all exact in binary). A query at 0.375 s is 0.375 s from frame 0
+    # (its nearest): more than tolerance_s=0.25 but exactly tolerance_s + rounding_s = 0.375, which the lookup
+    # allows (it raises only past it); 0.376 s is past it.
+    n = 3
+    pts = np.arange(n, dtype=np.int64) * 512
+    index = PacketIndex(
+        source_name="t.mp4", codec="h264", width=64, height=64, pix_fmt="yuv420p", time_base=Fraction(1, 512),
+        pts=pts, dts=pts, byte_offset=np.arange(n, dtype=np.int64) * 10, size_bytes=np.full(n, 10, dtype=np.int64),
+        keyframe=np.array([True, False, False]), file_size_bytes=10 * n, byte_exact=True, template=b"",
+    )  # fmt: skip
+    got = nearest_frame_indices(index, [0.375, 2.0], tolerance_s=0.25, rounding_s=0.125)
+    np.testing.assert_array_equal(got, [0, 2])
+    with pytest.raises(FrameTimestampError):
+        nearest_frame_indices(index, [0.376], tolerance_s=0.25, rounding_s=0.125)

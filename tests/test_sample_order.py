@@ -1175,3 +1175,45 @@ def test_a_piece_length_under_1_is_named_as_the_argument_users_give() -> None:
     """``episode_piece_frames=0`` was refused as "piece_frames must be >= 1", a name no caller passes (a review)."""
     with pytest.raises(ValueError, match=r"^episode_piece_frames must be >= 1, got 0$"):
         OrderOptions(piece_frames=0)
+
+
+def test_ranks_shuffle_their_episodes_independently() -> None:
+    # 16 equal episodes on 2 ranks: each rank owns 8 and walks them in an order drawn for that rank. Were every rank's
+    # order drawn from one key, both would visit their (sorted) episodes in the same pattern of positions every epoch
+    # (1 chance in 8! = 40,320 per epoch for independent draws).
+    lengths = np.full(16, 10, dtype=np.int64)
+    opts = OrderOptions(seed=0, shuffle=True, episode_pool_size=64)
+    orders = [SampleOrder(lengths, rank=r, world_size=2, options=opts) for r in range(2)]
+    same = []
+    for epoch in range(3):
+        eps = [o.rank_episodes(epoch) for o in orders]
+        assert sorted(np.concatenate(eps).tolist()) == list(range(16))  # exactly once across ranks
+        patterns = [np.searchsorted(np.sort(e), e).tolist() for e in eps]
+        same.append(patterns[0] == patterns[1])
+    assert not all(same)
+
+
+def _unshuffled_stream():
+    lengths = np.array([13, 40, 7, 25, 31, 5, 19])  # 140 frames, one rank: 140 samples an epoch
+    return SampleStream(lengths, rank=0, world_size=1, batch_size=5, options=OrderOptions(shuffle=False))
+
+
+def test_advance_stops_at_the_epochs_last_sample() -> None:
+    stream = _unshuffled_stream()
+    assert stream.num_samples() == 140
+    assert stream.advance(139) is True
+    assert stream.advance(1) is True  # the epoch's last sample
+    assert stream.samples_consumed == 140
+    with pytest.raises(ValueError, match="cannot advance 1 samples: 140 of 140"):
+        stream.advance(1)
+
+
+def test_a_state_past_the_epochs_end_is_refused() -> None:
+    stream = _unshuffled_stream()
+    stream.advance(140)
+    state = stream.state_dict()
+    assert state["samples_consumed"] == 140
+    _unshuffled_stream().load_state_dict(state)  # the epoch's end itself resumes
+    state["samples_consumed"] = 141
+    with pytest.raises(ResumeStateError, match="141 samples of epoch 0 were consumed, but that epoch has 140"):
+        _unshuffled_stream().load_state_dict(state)

@@ -146,3 +146,15 @@ def test_invalid_specifications() -> None:
         query_indices(0, 0, [0])
     with pytest.raises(ValueError, match="must be 1-D"):
         query_indices(0, 3, [[0]])
+
+
+def test_delta_exactly_at_tolerance_is_accepted_like_lerobot() -> None:
+    # LeRobot refuses only when abs(d*fps - round(d*fps)) / fps > tolerance_s: 1.25 s at 2 fps is 2.5 frames,
+    # off by 0.5 / 2 = 0.25 s, exactly the tolerance, so it is accepted and rounds (half to even) to 2.
+    w = DeltaWindows(delta_timestamps={"a": [1.25]}, fps=2, tolerance_s=0.25)
+    np.testing.assert_array_equal(w.delta_index["a"], [2])
+
+
+def test_query_indices_refuses_a_scalar_delta_index() -> None:
+    with pytest.raises(ValueError, match="delta_index must be 1-D"):
+        query_indices(2, 5, np.int64(1))
