@@ -6,7 +6,10 @@ holds only the GOPs that contain requested frames: for each frame, the packets f
 (closed GOPs only: see below).
 Packets are copied byte for byte and re-timed to a gap-free constant rate (pts = display rank x frame
 duration), so every decoder (NVDEC through DALI, DALI CPU, PyAV) numbers the clip's frames the same way:
-frame ``k`` of the clip is the ``k``-th smallest pts, which is what DALI's ``frames=`` argument indexes.
+frame ``k`` of the clip is the ``k``-th smallest pts, which is what DALI's ``frames=`` argument indexes. Two things
+follow from DALI's GPU decoder, which reads a clip without an index: an H.264 clip that starts at a keyframe that is
+no IDR picture gets the stream's SPS and PPS before its first packet (the one change to a payload), and a clip
+reordered deeper than the pictures that decoder holds is refused (:func:`remux_clip`).
 
 Open-GOP keyframes (HEVC CRA, H.264 recovery points) are followed by "leading" pictures that display
 before them and reference the previous GOP; a clip starting at such a keyframe drops those packets, since
