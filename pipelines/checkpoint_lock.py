@@ -124,12 +124,11 @@ def _take(root: Path) -> tuple[Any, str]:
     return None, f"--checkpoint-dir {root}: its lock file {path} keeps being replaced; is another run starting there?"
 
 
-def _not_taken(root: Path, e: Exception) -> str:
+def _not_taken(root: Path, e: OSError) -> str:
     """The refusal of a run whose lock on ``root`` could not be taken (a folder it may not write, a lock file made a
     folder)."""
-    said = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-    named = getattr(e, "filename", None)
-    where = f" ({named})" if named and str(named) != str(root / LOCK_NAME) else ""
+    said = e.strerror or str(e)
+    where = f" ({e.filename})" if e.filename and str(e.filename) != str(root / LOCK_NAME) else ""
     return f"--checkpoint-dir {root}: its lock file {root / LOCK_NAME} cannot be taken: {said}{where}"
 
 

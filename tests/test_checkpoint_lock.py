@@ -125,7 +125,7 @@ def test_a_lock_file_this_user_may_only_read_is_locked_unnamed(tmp_path: Path, m
 
 
 _TWO_RANKS = """
-import datetime, errno, json, os, sys
+import datetime, errno, os, sys
 from pathlib import Path
 import torch.distributed as dist
 from pipelines import checkpoint_lock

@@ -22,6 +22,7 @@ from lerobot_dali.frame_lookup import (
     FrameRequestContext,
     TimestampSource,
     file_frame_numbers,
+    frame_index_timestamps_s,
     nearest_frame_indices,
     row_frame_numbers,
 )
@@ -408,8 +409,6 @@ def test_a_dataset_whose_videos_are_at_29_97_fps_under_30_in_info_json(make_ds, 
 
 
 def test_frame_index_timestamps_refuse_a_negative_index() -> None:
-    from lerobot_dali.frame_lookup import frame_index_timestamps_s
-
     np.testing.assert_array_equal(frame_index_timestamps_s(np.array([0, 3]), fps=10), [0.0, 0.3])
     with pytest.raises(ValueError, match="non-negative"):
         frame_index_timestamps_s(np.array([2, -1]), fps=10)
