@@ -115,10 +115,11 @@ class FolderServer:
         if not self.root.is_dir():
             raise NotADirectoryError(f"cannot serve {self.root}: not a folder")
         self._lock = threading.Condition()
-        self._records: list[RequestRecord] = []
+        self._records: list[tuple[int, RequestRecord]] = []  # (each with its arrival number: kept in arrival order)
         self._counts: Counter[tuple[str, str]] = Counter()
         self._faults: Counter[str] = Counter()
         self._total = 0
+        self._arrived = 0
         self._in_flight = 0
         self._next_faults: list[str | None] = []
         self.set_faults(fault_every, faults)
@@ -156,9 +157,9 @@ class FolderServer:
 
     @property
     def records(self) -> list[RequestRecord]:
-        """Every answered request in order (a copy; requests still being answered are waited for)."""
+        """Every answered request in arrival order (a copy; requests still being answered are waited for)."""
         with self._settled():
-            return list(self._records)
+            return [record for _, record in sorted(self._records, key=lambda pair: pair[0])]
 
     @property
     def counts(self) -> Counter[tuple[str, str]]:
@@ -193,28 +194,34 @@ class FolderServer:
         self._httpd.server_close()
         self._thread.join(timeout=10)
 
-    def _begin(self, *, scheduled: bool = True) -> str | None:
-        """Count one arriving request; the fault it suffers, if the schedule says so (``scheduled``)."""
+    def _begin(self, *, scheduled: bool = True) -> tuple[int, str | None]:
+        """Count one arriving request: its arrival number, and the fault it suffers, if the schedule says so
+        (``scheduled``)."""
         with self._lock:
             self._in_flight += 1
-            if not scheduled:
-                return None
-            self._total += 1
-            n = self._total
-            if self._next_faults:
-                scripted = self._next_faults.pop(0)
-                if scripted is not None:
-                    self._faults[scripted] += 1
-                return scripted
-            if not self.fault_every or n % self.fault_every:
-                return None
-            fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
-            self._faults[fault] += 1
-            return fault
+            self._arrived += 1
+            return self._arrived, self._scheduled_fault() if scheduled else None
 
-    def _record(self, record: RequestRecord) -> None:
+    def _scheduled_fault(self) -> str | None:
+        self._total += 1
+        n = self._total
+        if self._next_faults:
+            scripted = self._next_faults.pop(0)
+            if scripted is not None:
+                self._faults[scripted] += 1
+            return scripted
+        if not self.fault_every or n % self.fault_every:
+            return None
+        fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
+        self._faults[fault] += 1
+        return fault
+
+    def _record(self, arrival: int, record: RequestRecord) -> None:
+        """Keep ``record`` at its request's place in arrival order: one recorded once its body was sent (a file's, whose
+        size it counts) came after a client's next request on another connection, recorded first (a GET 200 after the
+        HEAD 404 that followed it, 1 CI run in a few on 2 loaded cores)."""
         with self._lock:
-            self._records.append(record)
+            self._records.append((arrival, record))
             self._counts[(record.method, record.kind)] += 1
 
     def _end(self) -> None:
@@ -284,7 +291,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             self._serve(body=True)
 
         def _reject_write(self) -> None:
-            server._begin(scheduled=False)
+            self._arrival, _ = server._begin(scheduled=False)
             try:
                 self._status_only(405, "read-only server", kind="rejected")
             finally:
@@ -300,7 +307,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             return target
 
         def _serve(self, *, body: bool) -> None:
-            fault = server._begin()
+            self._arrival, fault = server._begin()
             path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
             fault = next((f for key, f in server.fault_paths.items() if key in path), fault)
             try:
@@ -497,6 +504,7 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
             url = urllib.parse.urlsplit(self.path)
             path = urllib.parse.unquote(url.path)
             if_match = self.headers.get("If-Match")
-            server._record(RequestRecord(self.command, path, rng, status, kind, sent, size, url.query, if_match))
+            record = RequestRecord(self.command, path, rng, status, kind, sent, size, url.query, if_match)
+            server._record(self._arrival, record)
 
     return Handler
