@@ -2,9 +2,10 @@
 
 What NVDEC decodes depends on the GPU (A100/H100/H200 have no AV1 decoder; L4, L40S, Ada and Blackwell
 do) and on the stream (bit depth, chroma format), so the truth is a probe: DALI decodes one real clip of
-the file on the GPU and its error says "not supported". A table keyed by compute capability only explains
-a refusal (DALI's error does not name the codec). The probe runs in a spawned process by default: DALI's fork-based
-workers must start before CUDA is initialised in the training process, so routing must not initialise it.
+the file on the GPU, and either its error says "not supported" or its pictures must be PyAV's
+(:mod:`.nvdec_check`). A table keyed by compute capability only explains a refusal (DALI's error does not name
+the codec). The probe runs in a spawned process by default: DALI's fork-based workers must start before CUDA is
+initialised in the training process, so routing must not initialise it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import multiprocessing
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -30,6 +31,7 @@ from .cpu_backends import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .decode_preference import DecodePreference, DecodePreferenceName
 from .errors import CodecUnsupportedError
+from .nvdec_check import nvdec_disagreement, probe_frames
 from .packet_index import PacketIndex
 from .said_once import say_once, warn_once
 from .video_source import VideoSource
@@ -90,6 +92,9 @@ class GpuProbe:
     gpu: GpuInfo | None
     nvdec: Mapping[str, bool]
     errors: Mapping[str, str]
+    #: Per codec NVDEC decoded, its pictures ((F, H, W, 3) uint8, host memory), to be held to the CPU decoder's
+    #: (:mod:`~lerobot_dali.nvdec_check`).
+    decoded: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
 # Compute capabilities whose NVDEC has no AV1: Volta/Turing (7.x), GA100 (8.0: A100, A30) and
@@ -286,16 +291,20 @@ def _detect_gpu(device_id: int) -> GpuInfo | None:
     return None
 
 
-def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
+def _probe_here(
+    device_id: int, samples: Mapping[str, np.ndarray], frames: Mapping[str, np.ndarray] | None = None
+) -> GpuProbe:
     """Detect the GPU and decode one clip per codec with DALI's mixed decoder (initialises CUDA)."""
     gpu = _detect_gpu(device_id) if _driver_present() else None
     if gpu is None:
         return GpuProbe(gpu=None, nvdec={}, errors={})
     nvdec: dict[str, bool] = {}
     errors: dict[str, str] = {}
+    decoded: dict[str, np.ndarray] = {}
     for codec, clip in samples.items():
+        wanted = np.zeros(1, np.int32) if frames is None or codec not in frames else frames[codec]
         try:
-            decode_clip_batch([clip], [np.zeros(1, np.int32)], device_id=device_id)
+            (decoded[codec],) = decode_clip_batch([clip], [wanted], device_id=device_id)
             nvdec[codec] = True
         except Exception as e:  # DALI raises RuntimeError mostly, but maps some C++ errors to ValueError etc.
             nvdec[codec] = False
@@ -306,7 +315,7 @@ def _probe_here(device_id: int, samples: Mapping[str, np.ndarray]) -> GpuProbe:
                 errors[codec] += f"; the NVDEC of {gpu.name} has no {codec} decoder"
             if nvcuvid_library() is None:
                 errors[codec] += f"; {NO_NVCUVID_HINT}"
-    return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors)
+    return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors, decoded=decoded)
 
 
 # (device, codec, pixel format, width, height) -> (GPU or None, NVDEC decodes it, why not)
@@ -318,8 +327,15 @@ _probe_lock = fork_locks.lock()
 _probing = KeyedLocks()
 
 
-def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate: bool = True) -> GpuProbe:
-    """Probe NVDEC on ``device_id`` with one real clip per codec (``{codec: clip bytes}``).
+def probe_gpu(
+    samples: Mapping[str, np.ndarray],
+    *,
+    frames: Mapping[str, np.ndarray] | None = None,
+    device_id: int = 0,
+    isolate: bool = True,
+) -> GpuProbe:
+    """Probe NVDEC on ``device_id`` with one real clip per codec (``{codec: clip bytes}``), decoding its ``frames``
+    (``{codec: clip-relative indices}``; default its first frame), which come back in :attr:`GpuProbe.decoded`.
 
     ``isolate`` runs the probe in a spawned process so this process never initialises CUDA (needed when
     DALI workers are forked later); pass False where CUDA is in use already. Results are not cached here.
@@ -327,11 +343,12 @@ def probe_gpu(samples: Mapping[str, np.ndarray], *, device_id: int = 0, isolate:
     if device_id < 0:
         raise ValueError(f"device_id must be >= 0, got {device_id}.")
     arrays = {codec: np.ascontiguousarray(clip, dtype=np.uint8) for codec, clip in samples.items()}
+    wanted = None if frames is None else {codec: np.asarray(f, dtype=np.int32) for codec, f in frames.items()}
     if not isolate or not _driver_present():
-        return _probe_here(device_id, arrays)
+        return _probe_here(device_id, arrays, wanted)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         with skipping_main(_probe_here):  # (the process starts at submit, in this thread)
-            probe = pool.submit(_probe_here, device_id, arrays)
+            probe = pool.submit(_probe_here, device_id, arrays, wanted)
         return probe.result()
 
 
@@ -344,7 +361,9 @@ def route_for_video(
     filesystem: Any | None = None,
     label: str = "",
 ) -> DecodeRoute:
-    """The route for a camera, probing NVDEC once per process with a clip of this file's first frame.
+    """The route for a camera, probing NVDEC once per process with a clip of this file (:func:`.probe_frames`), whose
+    pictures must be the CPU decoder's (:func:`.nvdec_disagreement`): where they are not, the camera is decoded on the
+    CPU (``decode="gpu"`` raises), with a warning saying by how much they differ.
 
     The probe result is cached per (device, codec, pixel format, frame size): NVDEC also refuses streams by size
     (DALI: "Video is too small in at least one dimension"; HEVC under 144x144, VP9 and AV1 under 128x128), so a
@@ -363,8 +382,8 @@ def route_for_video(
 def _cached_or_probed(
     key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None
 ) -> tuple[GpuInfo | None, bool, str]:
-    """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with this file's first
-    frame and cached."""
+    """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with a clip of this file,
+    its pictures held to the CPU decoder's, and cached."""
     device_id = key[0]
     with _probe_lock:
         cached = _probe_cache.get(key)
@@ -372,14 +391,21 @@ def _cached_or_probed(
         if not _driver_present():
             cached = (None, False, "")
         elif index.codec in DALI_NVDEC_CODECS:
-            clip = build_clip(source, index, [index.shown.start], filesystem=filesystem).data
+            frames = probe_frames(index)
+            clip = build_clip(source, index, frames, filesystem=filesystem)
+            codec = index.codec
             try:
-                probe = probe_gpu({index.codec: clip}, device_id=device_id, isolate=True)
+                probe = probe_gpu(
+                    {codec: clip.data}, frames={codec: clip.relative_indices}, device_id=device_id, isolate=True
+                )
             except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works
-                logger.warning("NVDEC probe process for %s on device %d died (%s)", index.codec, device_id, e)
-                probe = GpuProbe(gpu=None, nvdec={}, errors={index.codec: f"probe process died: {e}"})
-            supported = bool(probe.nvdec.get(index.codec, False))
-            reason = probe.errors.get(index.codec, "")
+                logger.warning("NVDEC probe process for %s on device %d died (%s)", codec, device_id, e)
+                probe = GpuProbe(gpu=None, nvdec={}, errors={codec: f"probe process died: {e}"})
+            supported = bool(probe.nvdec.get(codec, False))
+            reason = probe.errors.get(codec, "")
+            if supported:
+                reason = nvdec_disagreement(probe.decoded[codec], source, index, frames, filesystem=filesystem)
+                supported = not reason
             cached = (probe.gpu, supported, reason)
         else:
             cached = (None, False, f"DALI has no NVDEC path for {index.codec}")

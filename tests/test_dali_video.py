@@ -33,7 +33,7 @@ from lerobot_dali.decode_route import (
 from lerobot_dali.errors import CodecUnsupportedError
 from lerobot_dali.frame_marker import read_marker
 from lerobot_dali.packet_index import build_packet_index
-from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, reference_frames
+from tests.video_fixtures import EPISODE_LENGTHS, EPISODE_STARTS, MarkerVideo, clip_pictures, reference_frames
 
 # DALI converts YUV to RGB with its own kernel; PyAV uses swscale. Same frame, a few levels apart.
 CROSS_DECODER_MAX_DIFF = 8
@@ -192,12 +192,14 @@ def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypat
     its own (with one answer per codec, the small one went to NVDEC and failed mid-training)."""
     probed: list[tuple[int, int]] = []
 
-    def fake_probe(samples, *, device_id, isolate):
+    def fake_probe(samples, *, frames, device_id, isolate):
         ((codec, clip),) = samples.items()
         index = build_packet_index(io.BytesIO(clip.tobytes()))
         probed.append((index.height, index.width))
         fits = min(index.height, index.width) >= 128
-        return decode_route.GpuProbe(gpu=H200, nvdec={codec: fits}, errors={} if fits else {codec: "too small"})
+        decoded = {codec: clip_pictures(clip, frames[codec])} if fits else {}
+        errors = {} if fits else {codec: "too small"}
+        return decode_route.GpuProbe(gpu=H200, nvdec={codec: fits}, errors=errors, decoded=decoded)
 
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
     monkeypatch.setattr(decode_route, "_probe_cache", {})
@@ -215,13 +217,14 @@ def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monke
     probed: list[tuple[int, int]] = []
     started = threading.Barrier(2, timeout=30)  # the two sizes' probes run at the same time
 
-    def slow_probe(samples, *, device_id, isolate):
+    def slow_probe(samples, *, frames, device_id, isolate):
         ((codec, clip),) = samples.items()
         index = build_packet_index(io.BytesIO(clip.tobytes()))
         probed.append((index.height, index.width))
         started.wait()
         time.sleep(0.2)  # (the other threads of this size arrive meanwhile)
-        return decode_route.GpuProbe(gpu=H200, nvdec={codec: True}, errors={})
+        decoded = {codec: clip_pictures(clip, frames[codec])}
+        return decode_route.GpuProbe(gpu=H200, nvdec={codec: True}, errors={}, decoded=decoded)
 
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
     monkeypatch.setattr(decode_route, "_probe_cache", {})

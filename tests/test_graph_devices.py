@@ -199,6 +199,7 @@ def test_the_graph_an_iterator_builds_for_a_gpu_set_by_its_process(make_ds, monk
     from lerobot_dali.decode_route import GpuInfo, GpuProbe
     from lerobot_dali.iterator import DALILeRobotIterator
     from tests.test_iterator import DELTAS, _dataset
+    from tests.video_fixtures import clip_pictures
 
     root = _dataset(make_ds, "vp9")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -210,10 +211,11 @@ def test_the_graph_an_iterator_builds_for_a_gpu_set_by_its_process(make_ds, monk
     monkeypatch.setattr(decode_route, "_probe_cache", {})
     probed: list[int] = []
 
-    def probe(samples: dict[str, Any], *, device_id: int, isolate: bool) -> GpuProbe:
+    def probe(samples: dict[str, Any], *, frames: dict[str, Any], device_id: int, isolate: bool) -> GpuProbe:
         probed.append(device_id)
         gpu = GpuInfo(device_id=device_id, name="NVIDIA H200", compute_capability=(9, 0))
-        return GpuProbe(gpu=gpu, nvdec=dict.fromkeys(samples, True), errors={})
+        decoded = {codec: clip_pictures(clip, frames[codec]) for codec, clip in samples.items()}
+        return GpuProbe(gpu=gpu, nvdec=dict.fromkeys(samples, True), errors={}, decoded=decoded)
 
     monkeypatch.setattr(decode_route, "probe_gpu", probe)
     built: list[Any] = []

@@ -5,6 +5,7 @@ The session fixture ``marker_video`` in conftest.py encodes and caches the marke
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Callable, Collection
 from fractions import Fraction
@@ -60,6 +61,14 @@ def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) 
             if keep_pts is None or frame.pts in keep_pts:
                 frames[frame.pts] = frame.to_ndarray(format="rgb24")
     return frames
+
+
+def clip_pictures(clip: np.ndarray, relative_indices: Collection[int]) -> np.ndarray:
+    """A remuxed clip's pictures at its ``relative_indices`` (display order), by a full PyAV decode of the clip: what a
+    working NVDEC gives, for tests that fake the NVDEC probe."""
+    with av.open(io.BytesIO(clip.tobytes())) as container:
+        shown = sorted(container.decode(video=0), key=lambda frame: frame.pts)
+        return np.stack([shown[int(i)].to_ndarray(format="rgb24") for i in relative_indices])
 
 
 def assert_frames_decoded(

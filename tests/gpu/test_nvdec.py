@@ -184,6 +184,32 @@ def test_h264_probe_and_route(marker_video: MarkerVideo) -> None:
     assert route_for_video(path, index, decode="cpu") is DecodeRoute.CPU_FALLBACK
 
 
+@pytest.mark.parametrize("video", ["r1", "open_keyframes", "bt709"])
+def test_the_probe_finds_nvdec_pictures_whole(tmp_path: Path, video: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The probe's clip (a later keyframe and the frames after it: r1's frame 1000, an x264 open-GOP I picture, a
+    BT.709 stream's) decoded on NVDEC agrees with PyAV (``nvdec_check``), so each camera is routed to NVDEC, without
+    a warning. A disagreement here means the bound is too tight for NVDEC, or NVDEC's pictures are broken."""
+    from lerobot_dali.nvdec_check import nvdec_disagreement, probe_frames
+    from tests.test_yuv_frames import encode_flat_patches
+
+    if video == "r1":
+        path = r1_video()
+    elif video == "open_keyframes":
+        path = encode_open_keyframes(tmp_path / "open.mp4", frames=40)
+    else:
+        path = encode_flat_patches(tmp_path / "bt709.mp4", width=192, height=160, colorspace=1)
+    index = build_packet_index(path)
+    frames = probe_frames(index)
+    clip = build_clip(path, index, frames)
+    probe = probe_gpu({index.codec: clip.data}, frames={index.codec: clip.relative_indices}, isolate=True)
+    assert probe.nvdec[index.codec], probe.errors
+    assert nvdec_disagreement(probe.decoded[index.codec], path, index, frames) == ""
+    decode_route._probe_cache.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        assert route_for_video(path, index, label="cam") is DecodeRoute.NVDEC
+    assert not caplog.records
+
+
 def test_nvdec_colours_of_a_bt709_stream_are_corrected_to_bt709(tmp_path: Path) -> None:
     """DALI's NVDEC path converts with BT.601 whatever the tag (``color_space.cu``, read, not yet run): the
     correction the graph applies (``yuv_frames.nvdec_color_fix``) must bring a BT.709 stream to swscale's RGB.
