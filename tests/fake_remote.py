@@ -19,7 +19,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-__all__ = ["FAULT_KINDS", "FakeHTTPError", "FakeRemoteFileSystem", "fault_exception"]
+__all__ = ["FAULT_KINDS", "FakeHTTPError", "FakeRemoteFileSystem", "fault_exception", "nth_fault"]
 
 #: ``timeout``: TimeoutError; ``503``/``429``: an error with ``.status``; ``reset``: ConnectionResetError
 #: (reads deliver half the bytes first); ``truncate``: a read returns half the bytes asked, no error;
@@ -37,6 +37,14 @@ class FakeHTTPError(Exception):
 
     def __str__(self) -> str:
         return f"{self.status}, message={self.args[1]!r}"
+
+
+def nth_fault(n: int, every: int, faults: tuple[str, ...]) -> str | None:
+    """The fault of the ``n``-th request (counted from 1) where every ``every``-th one fails (0: none does), with the
+    next of ``faults`` in turn."""
+    if not every or n % every:
+        return None
+    return faults[(n // every - 1) % len(faults)]
 
 
 def fault_exception(kind: str, path: str) -> Exception:
@@ -103,10 +111,9 @@ class FakeRemoteFileSystem(fsspec.AbstractFileSystem):
             self.requests[kind] += 1
             self._total += 1
             n = self._total
-        if not self.fault_every or n % self.fault_every:
-            return None
-        fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
-        self.faults_injected[fault] += 1
+        fault = nth_fault(n, self.fault_every, self.faults)
+        if fault is not None:
+            self.faults_injected[fault] += 1
         return fault
 
     def _check(self, kind: str, path: str) -> None:

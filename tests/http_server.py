@@ -37,6 +37,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.fake_remote import nth_fault
+
 __all__ = ["BYTERANGES_BOUNDARY", "HTTP_FAULT_KINDS", "FolderServer", "RequestRecord", "serve_folder"]
 
 #: ``503``/``429``/``403``/``404``/``410``: that status, empty body; ``drop``: half the body, then the connection
@@ -210,10 +212,9 @@ class FolderServer:
             if scripted is not None:
                 self._faults[scripted] += 1
             return scripted
-        if not self.fault_every or n % self.fault_every:
-            return None
-        fault = self.faults[(n // self.fault_every - 1) % len(self.faults)]
-        self._faults[fault] += 1
+        fault = nth_fault(n, self.fault_every, self.faults)
+        if fault is not None:
+            self._faults[fault] += 1
         return fault
 
     def _record(self, arrival: int, record: RequestRecord) -> None:
