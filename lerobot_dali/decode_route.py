@@ -14,12 +14,12 @@ import ctypes
 import ctypes.util
 import logging
 import multiprocessing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .cpu_backends import pyav_can_decode, torchcodec_available
 from .dali_video import DALI_CPU_CODECS, DALI_NVDEC_CODECS, dali_error_reason, decode_clip_batch
 from .decode_preference import DecodePreference, DecodePreferenceName
 from .errors import CodecUnsupportedError
-from .nvdec_check import nvdec_disagreement, probe_frames
+from .nvdec_check import nvdec_disagreement, probe_clips
 from .packet_index import PacketIndex
 from .said_once import say_once, warn_once
 from .video_source import VideoSource
@@ -92,9 +92,9 @@ class GpuProbe:
     gpu: GpuInfo | None
     nvdec: Mapping[str, bool]
     errors: Mapping[str, str]
-    #: Per codec NVDEC decoded, its pictures ((F, H, W, 3) uint8, host memory), to be held to the CPU decoder's
+    #: Per codec NVDEC decoded, its pictures of each clip ((F, H, W, 3) uint8, host memory), to be held to PyAV's
     #: (:mod:`~lerobot_dali.nvdec_check`).
-    decoded: Mapping[str, np.ndarray] = field(default_factory=dict)
+    decoded: Mapping[str, list[np.ndarray]] = field(default_factory=dict)
 
 
 # Compute capabilities whose NVDEC has no AV1: Volta/Turing (7.x), GA100 (8.0: A100, A30) and
@@ -292,19 +292,18 @@ def _detect_gpu(device_id: int) -> GpuInfo | None:
 
 
 def _probe_here(
-    device_id: int, samples: Mapping[str, np.ndarray], frames: Mapping[str, np.ndarray] | None = None
+    device_id: int, samples: Mapping[str, list[np.ndarray]], frames: Mapping[str, list[np.ndarray]]
 ) -> GpuProbe:
-    """Detect the GPU and decode one clip per codec with DALI's mixed decoder (initialises CUDA)."""
+    """Detect the GPU and decode each codec's clips (one batch) with DALI's mixed decoder (initialises CUDA)."""
     gpu = _detect_gpu(device_id) if _driver_present() else None
     if gpu is None:
         return GpuProbe(gpu=None, nvdec={}, errors={})
     nvdec: dict[str, bool] = {}
     errors: dict[str, str] = {}
-    decoded: dict[str, np.ndarray] = {}
-    for codec, clip in samples.items():
-        wanted = np.zeros(1, np.int32) if frames is None or codec not in frames else frames[codec]
+    decoded: dict[str, list[np.ndarray]] = {}
+    for codec, clips in samples.items():
         try:
-            (decoded[codec],) = decode_clip_batch([clip], [wanted], device_id=device_id)
+            decoded[codec] = decode_clip_batch(clips, frames[codec], device_id=device_id)
             nvdec[codec] = True
         except Exception as e:  # DALI raises RuntimeError mostly, but maps some C++ errors to ValueError etc.
             nvdec[codec] = False
@@ -318,9 +317,19 @@ def _probe_here(
     return GpuProbe(gpu=gpu, nvdec=nvdec, errors=errors, decoded=decoded)
 
 
-# (device, codec, pixel format, width, height) -> (GPU or None, NVDEC decodes it, why not)
+class _Probed(NamedTuple):
+    """What the probe found for a camera's stream: the GPU (None: no CUDA device usable), whether NVDEC decoded its
+    clips, why not (DALI's error), and how its pictures differ from PyAV's where they do (:mod:`.nvdec_check`)."""
+
+    gpu: GpuInfo | None
+    decodes: bool
+    reason: str = ""
+    differs: str = ""
+
+
+# (device, codec, pixel format, width, height) -> what the probe found
 _ProbeKey = tuple[int, str, str | None, int, int]
-_probe_cache: dict[_ProbeKey, tuple[GpuInfo | None, bool, str]] = {}
+_probe_cache: dict[_ProbeKey, _Probed] = {}
 _probe_lock = fork_locks.lock()
 # One probe per key at a time: a mixture builds its datasets' iterators in threads, whose cameras often share a
 # codec and size, and each probe is a process with a CUDA context of its own.
@@ -328,22 +337,30 @@ _probing = KeyedLocks()
 
 
 def probe_gpu(
-    samples: Mapping[str, np.ndarray],
+    samples: Mapping[str, np.ndarray | Sequence[np.ndarray]],
     *,
-    frames: Mapping[str, np.ndarray] | None = None,
+    frames: Mapping[str, Sequence[np.ndarray]] | None = None,
     device_id: int = 0,
     isolate: bool = True,
 ) -> GpuProbe:
-    """Probe NVDEC on ``device_id`` with one real clip per codec (``{codec: clip bytes}``), decoding its ``frames``
-    (``{codec: clip-relative indices}``; default its first frame), which come back in :attr:`GpuProbe.decoded`.
+    """Probe NVDEC on ``device_id`` with real clips of each codec (``{codec: clip bytes}``, or a list of clips decoded
+    in one batch), decoding ``frames`` of each (``{codec: [clip-relative indices of each clip]}``; default each
+    clip's first frame), which come back in :attr:`GpuProbe.decoded`.
 
     ``isolate`` runs the probe in a spawned process so this process never initialises CUDA (needed when
     DALI workers are forked later); pass False where CUDA is in use already. Results are not cached here.
     """
     if device_id < 0:
         raise ValueError(f"device_id must be >= 0, got {device_id}.")
-    arrays = {codec: np.ascontiguousarray(clip, dtype=np.uint8) for codec, clip in samples.items()}
-    wanted = None if frames is None else {codec: np.asarray(f, dtype=np.int32) for codec, f in frames.items()}
+    arrays = {
+        codec: [np.ascontiguousarray(c, dtype=np.uint8) for c in ([clips] if isinstance(clips, np.ndarray) else clips)]
+        for codec, clips in samples.items()
+    }
+    given = frames or {}
+    wanted = {
+        codec: [np.asarray(f, dtype=np.int32) for f in given.get(codec, [[0]] * len(clips))]
+        for codec, clips in arrays.items()
+    }
     if not isolate or not _driver_present():
         return _probe_here(device_id, arrays, wanted)
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -361,9 +378,9 @@ def route_for_video(
     filesystem: Any | None = None,
     label: str = "",
 ) -> DecodeRoute:
-    """The route for a camera, probing NVDEC once per process with a clip of this file (:func:`.probe_frames`), whose
-    pictures must be the CPU decoder's (:func:`.nvdec_disagreement`): where they are not, the camera is decoded on the
-    CPU (``decode="gpu"`` raises), with a warning saying by how much they differ.
+    """The route for a camera, probing NVDEC once per process with clips of this file (:func:`.probe_clips`), whose
+    pictures must be PyAV's (:func:`.nvdec_disagreement`): where they are not, the camera is decoded on the CPU with a
+    warning saying by how much they differ (``decode="gpu"`` keeps NVDEC, with a warning).
 
     The probe result is cached per (device, codec, pixel format, frame size): NVDEC also refuses streams by size
     (DALI: "Video is too small in at least one dimension"; HEVC under 144x144, VP9 and AV1 under 128x128), so a
@@ -374,45 +391,77 @@ def route_for_video(
         return choose_route(index.codec, decode=preference, gpu=None, nvdec_supported=False, label=label)
     key = (device_id, index.codec, index.pix_fmt, index.width, index.height)
     with _probing.held(key):  # (a thread probing this key now: wait for its answer)
-        cached = _cached_or_probed(key, source, index, filesystem=filesystem)
-    gpu, supported, reason = cached
-    return choose_route(index.codec, decode=preference, gpu=gpu, nvdec_supported=supported, label=label, reason=reason)
+        probed = _cached_or_probed(key, source, index, filesystem=filesystem)
+    if probed.gpu is not None and probed.decodes and probed.differs:
+        return _route_of_differing_pictures(index.codec, preference, probed.gpu, probed.differs, label=label)
+    return choose_route(
+        index.codec,
+        decode=preference,
+        gpu=probed.gpu,
+        nvdec_supported=probed.decodes,
+        label=label,
+        reason=probed.reason,
+    )
 
 
-def _cached_or_probed(
-    key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None
-) -> tuple[GpuInfo | None, bool, str]:
-    """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with a clip of this file,
-    its pictures held to the CPU decoder's, and cached."""
+def _route_of_differing_pictures(
+    codec: str, preference: DecodePreference, gpu: GpuInfo, differs: str, *, label: str
+) -> DecodeRoute:
+    """Where NVDEC decodes a camera but its pictures are not PyAV's (``differs`` says how): the CPU, unless
+    ``decode="gpu"`` insists."""
+    what = f"{label} ({codec})" if label else codec
+    if preference is DecodePreference.GPU:
+        warn_once(logger,
+            "decode='gpu' keeps %s on NVDEC on %s, though its pictures are not PyAV's: %s. If its frames look wrong, "
+            "decode='auto' decodes it on the CPU (lerobot-dali diagnose shows a frame by each route)",
+            what, gpu.name, differs,
+        )  # fmt: skip
+        return DecodeRoute.NVDEC
+    route = _cpu_route(codec, what)
+    warn_once(logger,
+        "NVDEC on %s decodes %s, but not as PyAV does: %s (the probe of this codec, pixel format and frame size); "
+        "decoding it on the CPU (route %s). decode='gpu' keeps it on NVDEC.",
+        gpu.name, what, differs, route.value,
+    )  # fmt: skip
+    return route
+
+
+def _cached_or_probed(key: _ProbeKey, source: VideoSource, index: PacketIndex, *, filesystem: Any | None) -> _Probed:
+    """The probe's answer for ``key`` (device, codec, format, size): cached, else probed with clips of this file,
+    their pictures held to PyAV's, and cached."""
     device_id = key[0]
     with _probe_lock:
         cached = _probe_cache.get(key)
     if cached is None:
         if not _driver_present():
-            cached = (None, False, "")
+            cached = _Probed(None, False)
         elif index.codec in DALI_NVDEC_CODECS:
-            frames = probe_frames(index)
-            clip = build_clip(source, index, frames, filesystem=filesystem)
+            wanted = probe_clips(index)
+            clips = [build_clip(source, index, frames, filesystem=filesystem) for frames in wanted]
             codec = index.codec
             try:
                 probe = probe_gpu(
-                    {codec: clip.data}, frames={codec: clip.relative_indices}, device_id=device_id, isolate=True
+                    {codec: [clip.data for clip in clips]},
+                    frames={codec: [clip.relative_indices for clip in clips]},
+                    device_id=device_id,
+                    isolate=True,
                 )
             except BrokenProcessPool as e:  # the probe process died (driver fault): do not guess NVDEC works
                 logger.warning("NVDEC probe process for %s on device %d died (%s)", codec, device_id, e)
                 probe = GpuProbe(gpu=None, nvdec={}, errors={codec: f"probe process died: {e}"})
             supported = bool(probe.nvdec.get(codec, False))
             reason = probe.errors.get(codec, "")
+            differs = ""
             if supported:
-                reason = nvdec_disagreement(probe.decoded[codec], source, index, frames, filesystem=filesystem)
-                supported = not reason
-            cached = (probe.gpu, supported, reason)
+                differs = nvdec_disagreement(probe.decoded[codec], source, index, wanted, filesystem=filesystem)
+            cached = _Probed(probe.gpu, supported, reason, differs)
         else:
-            cached = (None, False, f"DALI has no NVDEC path for {index.codec}")
-        if cached[2]:
+            cached = _Probed(None, False, f"DALI has no NVDEC path for {index.codec}")
+        said = cached.reason or cached.differs
+        if said:
             say_once(logger, logging.INFO,
-                "NVDEC probe for %s on device %d: %s", index.codec, device_id, cached[2],
-                key=f"NVDEC probe for {index.codec}: {cached[2]}",  # (each rank its own device: said by the first)
+                "NVDEC probe for %s on device %d: %s", index.codec, device_id, said,
+                key=f"NVDEC probe for {index.codec}: {said}",  # (each rank its own device: said by the first)
             )  # fmt: skip
         with _probe_lock:
             _probe_cache[key] = cached

@@ -193,11 +193,11 @@ def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypat
     probed: list[tuple[int, int]] = []
 
     def fake_probe(samples, *, frames, device_id, isolate):
-        ((codec, clip),) = samples.items()
-        index = build_packet_index(io.BytesIO(clip.tobytes()))
+        ((codec, clips),) = samples.items()
+        index = build_packet_index(io.BytesIO(clips[0].tobytes()))
         probed.append((index.height, index.width))
         fits = min(index.height, index.width) >= 128
-        decoded = {codec: clip_pictures(clip, frames[codec])} if fits else {}
+        decoded = {codec: list(map(clip_pictures, clips, frames[codec]))} if fits else {}
         errors = {} if fits else {codec: "too small"}
         return decode_route.GpuProbe(gpu=H200, nvdec={codec: fits}, errors=errors, decoded=decoded)
 
@@ -218,12 +218,12 @@ def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monke
     started = threading.Barrier(2, timeout=30)  # the two sizes' probes run at the same time
 
     def slow_probe(samples, *, frames, device_id, isolate):
-        ((codec, clip),) = samples.items()
-        index = build_packet_index(io.BytesIO(clip.tobytes()))
+        ((codec, clips),) = samples.items()
+        index = build_packet_index(io.BytesIO(clips[0].tobytes()))
         probed.append((index.height, index.width))
         started.wait()
         time.sleep(0.2)  # (the other threads of this size arrive meanwhile)
-        decoded = {codec: clip_pictures(clip, frames[codec])}
+        decoded = {codec: list(map(clip_pictures, clips, frames[codec]))}
         return decode_route.GpuProbe(gpu=H200, nvdec={codec: True}, errors={}, decoded=decoded)
 
     monkeypatch.setattr(decode_route, "_driver_present", lambda: True)

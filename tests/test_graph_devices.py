@@ -214,7 +214,7 @@ def test_the_graph_an_iterator_builds_for_a_gpu_set_by_its_process(make_ds, monk
     def probe(samples: dict[str, Any], *, frames: dict[str, Any], device_id: int, isolate: bool) -> GpuProbe:
         probed.append(device_id)
         gpu = GpuInfo(device_id=device_id, name="NVIDIA H200", compute_capability=(9, 0))
-        decoded = {codec: clip_pictures(clip, frames[codec]) for codec, clip in samples.items()}
+        decoded = {codec: list(map(clip_pictures, clips, frames[codec])) for codec, clips in samples.items()}
         return GpuProbe(gpu=gpu, nvdec=dict.fromkeys(samples, True), errors={}, decoded=decoded)
 
     monkeypatch.setattr(decode_route, "probe_gpu", probe)

@@ -106,18 +106,22 @@ PATCH_COLOURS = [(180, 120, 60), (60, 150, 200), (200, 90, 140), (90, 170, 90), 
 PATCH_SIDE = 32
 
 
-def encode_flat_patches(path: Path, *, width: int, height: int, colorspace: int) -> Path:
-    """H.264 frames of flat colour patches (``PATCH_SIDE`` squares), tagged ``colorspace``."""
+def encode_flat_patches(path: Path, *, width: int, height: int, colorspace: int, full: bool = False) -> Path:
+    """H.264 frames of flat colour patches (``PATCH_SIDE`` squares), tagged ``colorspace`` (and full range)."""
     with av.open(str(path), "w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=10)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuvj420p" if full else "yuv420p"
         stream.codec_context.colorspace = colorspace
+        if full:
+            stream.codec_context.color_range = 2
         for i in range(4):
             rows, cols = np.indices((height // PATCH_SIDE, width // PATCH_SIDE))
             colours = np.array(PATCH_COLOURS, np.uint8)[(rows + cols + i) % len(PATCH_COLOURS)]
             image = np.repeat(np.repeat(colours, PATCH_SIDE, axis=0), PATCH_SIDE, axis=1)
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             frame.colorspace = colorspace
+            if full:
+                frame.color_range = 2
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():

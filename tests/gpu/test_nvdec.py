@@ -186,10 +186,11 @@ def test_h264_probe_and_route(marker_video: MarkerVideo) -> None:
 
 @pytest.mark.parametrize("video", ["r1", "open_keyframes", "bt709"])
 def test_the_probe_finds_nvdec_pictures_whole(tmp_path: Path, video: str, caplog: pytest.LogCaptureFixture) -> None:
-    """The probe's clip (a later keyframe and the frames after it: r1's frame 1000, an x264 open-GOP I picture, a
-    BT.709 stream's) decoded on NVDEC agrees with PyAV (``nvdec_check``), so each camera is routed to NVDEC, without
-    a warning. A disagreement here means the bound is too tight for NVDEC, or NVDEC's pictures are broken."""
-    from lerobot_dali.nvdec_check import nvdec_disagreement, probe_frames
+    """The probe's clips (the first frame; a later keyframe and the frames after it: r1's frame 1000, an x264 open-GOP
+    I picture with no IDR before it in its clip, a BT.709 stream's) decoded on NVDEC agree with PyAV
+    (``nvdec_check``), so each camera is routed to NVDEC, without a warning. A disagreement here means the bound is
+    too tight for NVDEC, or NVDEC's pictures are broken."""
+    from lerobot_dali.nvdec_check import nvdec_disagreement, probe_clips
     from tests.test_yuv_frames import encode_flat_patches
 
     if video == "r1":
@@ -199,11 +200,12 @@ def test_the_probe_finds_nvdec_pictures_whole(tmp_path: Path, video: str, caplog
     else:
         path = encode_flat_patches(tmp_path / "bt709.mp4", width=192, height=160, colorspace=1)
     index = build_packet_index(path)
-    frames = probe_frames(index)
-    clip = build_clip(path, index, frames)
-    probe = probe_gpu({index.codec: clip.data}, frames={index.codec: clip.relative_indices}, isolate=True)
-    assert probe.nvdec[index.codec], probe.errors
-    assert nvdec_disagreement(probe.decoded[index.codec], path, index, frames) == ""
+    wanted = probe_clips(index)
+    clips = [build_clip(path, index, frames) for frames in wanted]
+    codec = index.codec
+    probe = probe_gpu({codec: [c.data for c in clips]}, frames={codec: [c.relative_indices for c in clips]})
+    assert probe.nvdec[codec], probe.errors
+    assert nvdec_disagreement(probe.decoded[codec], path, index, wanted) == ""
     decode_route._probe_cache.clear()
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
         assert route_for_video(path, index, label="cam") is DecodeRoute.NVDEC
