@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from types import SimpleNamespace
 
 import av
 import numpy as np
@@ -332,3 +333,116 @@ def test_a_first_data_file_that_does_not_read_fails_at_its_episodes_rows_not_at_
     with pytest.raises(DataFileError, match=rf"^episode 0's rows: {re.escape(str(data))}: reading rows \[0, 20\)"):
         next(iter(it))
     it.close()
+
+
+def _positions_source(*, drop_last: bool, start_position: int) -> BatchSource:
+    """A source over epochs 3 (10 samples) and 4 (8 samples) of a rank, batches of 4, resumed at ``start_position``
+    of epoch 3: what :meth:`BatchSource.positions` reads of its spec only."""
+    order = SimpleNamespace(num_samples={3: 10, 4: 8}.__getitem__)
+    source = BatchSource.__new__(BatchSource)
+    source.spec = SimpleNamespace(  # type: ignore[assignment]
+        first_epoch=3, start_position=start_position, batch_size=4, drop_last=drop_last, order=order
+    )
+    return source
+
+
+def test_batch_positions_start_at_the_resumed_sample_and_later_epochs_at_0() -> None:
+    source = _positions_source(drop_last=False, start_position=4)
+    # DALI epoch 0 is epoch 3 from its 4th sample, its last batch short; DALI epoch 1 is epoch 4 from its start.
+    assert [source.positions(0, i) for i in range(3)] == [(3, 4, 8), (3, 8, 10), None]
+    assert [source.positions(1, i) for i in range(3)] == [(4, 0, 4), (4, 4, 8), None]  # (8 of 8: no empty batch)
+    # drop_last leaves out the short batch (2 of 4) but keeps a full one that ends the epoch.
+    dropping = _positions_source(drop_last=True, start_position=4)
+    assert [dropping.positions(0, i) for i in range(2)] == [(3, 4, 8), None]
+    assert [dropping.positions(1, i) for i in range(3)] == [(4, 0, 4), (4, 4, 8), None]
+    full = _positions_source(drop_last=True, start_position=2)
+    assert [full.positions(0, i) for i in range(3)] == [(3, 2, 6), (3, 6, 10), None]
+
+
+def test_rows_gathered_from_episodes_of_other_dtypes_take_their_common_dtype() -> None:
+    """One episode's file stores ``a`` as int32, the next as float64: the batch holds both as float64, what stacking
+    each sample's rows gives (not the first episode's int32, which cut 2.5 to 2)."""
+    from lerobot_dali.batch_source import _gather_rows
+
+    rows = [{"a": np.array([1, 2, 3], np.int32)}, {"a": np.array([1.5, 2.5], np.float64)}]
+    groups = [np.array([0, 2]), np.array([1])]  # samples 0 and 2 of episode 0, sample 1 of episode 1
+    gathered = _gather_rows(rows, groups, "a", np.array([2, 1, 0]))
+    assert gathered.dtype == np.float64 and gathered.tolist() == [3.0, 2.5, 1.0]
+    windows = _gather_rows(rows, groups, "a", np.array([[1, 2], [0, 1], [0, 0]]))
+    assert windows.dtype == np.float64 and windows.tolist() == [[2.0, 3.0], [1.5, 2.5], [1.0, 1.0]]
+
+
+def test_tabular_values_take_the_dtypes_lerobots_items_have() -> None:
+    from lerobot_dali.batch_source import lerobot_dtype
+
+    for values, dtype in (
+        (np.array([1, 2], np.uint8), np.int64),
+        (np.array([1, 2], np.uint32), np.int64),
+        (np.array([1, 2], np.int16), np.int64),
+        (np.array([0.5, 1.5], np.float16), np.float32),
+        (np.array([0.5, 1.5], np.float64), np.float32),
+        (np.array([True, False]), np.bool_),
+    ):
+        converted = lerobot_dtype(values)
+        assert converted.dtype == dtype and converted.tolist() == values.tolist(), values.dtype
+
+
+def test_scalar_rows_take_the_layout_of_the_first_data_file() -> None:
+    """Declared (1,) scalars listed (stored as one-element lists in the first file) batch as (n, 1), other scalars
+    and the index columns (declared or not) as (n,), whatever a later file stores; vectors stay as they are."""
+    from lerobot_dali.batch_source import _scalar_layout
+    from lerobot_dali.dataset_info import Feature
+
+    features = {
+        "reward": Feature("reward", "float32", (1,)),
+        "done": Feature("done", "bool", (1,)),
+        "action": Feature("action", "float32", (1,)),
+    }
+    rows = {
+        "reward": np.array([0.5, 1.5]),  # (n,) in this file, listed in the first: (n, 1)
+        "done": np.array([[True], [False]]),  # (n, 1) in this file, plain in the first: (n,)
+        "frame_index": np.array([[3], [4]]),  # undeclared index column as one-element lists: (n,)
+        "action": np.array([[1.0], [2.0]]),
+    }
+    out = _scalar_layout(rows, features, frozenset({"reward", "action"}))
+    assert out["reward"].shape == (2, 1) and out["reward"].ravel().tolist() == [0.5, 1.5]
+    assert out["done"].shape == (2,) and out["done"].tolist() == [True, False]
+    assert out["frame_index"].shape == (2,) and out["frame_index"].tolist() == [3, 4]
+    assert out["action"].shape == (2, 1)
+
+
+def test_clip_runs_start_counting_again_at_each_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's bytes count from its first clip: 60 + 60 passes 100, so the second clip starts a run that the third
+    (30) joins; counting on from the first run's 60 left every later clip alone."""
+    from lerobot_dali import batch_source
+
+    monkeypatch.setattr(batch_source, "CLIP_PASS_BYTES", 100)
+    assert batch_source._clip_runs([1, 2, 3, 4], [60, 60, 30, 30]) == [[1], [2, 3], [4]]
+
+
+def test_a_batch_carries_every_index_column_the_keys_leave_out_once() -> None:
+    from lerobot_dali.batch_source import output_fields
+    from lerobot_dali.dali_graph import FieldKind
+    from lerobot_dali.windows import PAD_SUFFIX
+
+    spec = SimpleNamespace(
+        tabular_keys=("action", "frame_index"),
+        host_value_keys=(),
+        delta_index={"action": np.arange(2)},
+        camera_feeds={},
+        image_keys=(),
+        image_shapes={},
+        depth_image_units={},
+        augment=None,
+    )
+    fields = output_fields(spec)  # type: ignore[arg-type]
+    assert [f.name for f in fields] == [
+        "action",
+        "frame_index",
+        "index",
+        "episode_index",
+        "timestamp",
+        "task_index",
+        f"action{PAD_SUFFIX}",
+    ]
+    assert all(f.kind is FieldKind.TABULAR for f in fields)

@@ -1578,3 +1578,98 @@ def test_a_mixture_on_plain_cuda_builds_its_datasets_on_the_gpu_its_thread_set(m
         assert [str(part._device) for part in mix.datasets] == ["cuda:1", "cuda:1"]
     finally:
         mix.close()
+
+
+def test_weights_near_but_not_at_a_fraction_split_by_their_ratio_over_the_largest() -> None:
+    """1.5e-6 is only near 1/666667 (5e-7 relative, past _CLOSE): taken as that fraction, with 4.5e-6 near 4/888889,
+    the ratio drifted below 1 : 3 and 6 split as 1 + 5; over the largest they are exactly 1/3 and 1, so 2 + 4."""
+    assert batch_shares([1.5e-6, 4.5e-6], 6) == (2, 4)
+
+
+def _unshuffled_keys(dataset: int, samples: list[int]) -> list[tuple[int, int, int]]:
+    """``(dataset, episode, frame)`` of samples ``samples`` of one rank's unshuffled epoch (dataset order)."""
+    flat = [(dataset, e, f) for e, n in enumerate(SPECS[dataset][0]) for f in range(n)]
+    return [flat[s] for s in samples]
+
+
+def test_an_anchor_epoch_short_of_a_whole_batch_starts_the_next_where_the_other_stands(make_ds) -> None:
+    """Batches of 5 split 2 + 3: the anchor (29 frames at 3 a batch) gives 9 batches an epoch, its last 2 frames
+    dropped, so the other dataset (16 frames at 2) reads 18 samples of its epochs in mixture epoch 0 and epoch 1
+    starts it at sample 2 of its epoch 1 (counting 10 batches, rounded up, skipped 2 samples)."""
+    paths = _datasets(make_ds)
+    mix = DALILeRobotMixture(paths, batch_size=5, shuffle=False, device="cpu", num_workers=0)
+    assert (mix.batch_shares, mix.anchor, len(mix)) == ((2, 3), 1, 9)
+    taken: list[tuple[int, int, int]] = []
+    _run(mix, 2, taken)
+    mix.close()
+    assert [k for k in taken if k[0] == 0] == _unshuffled_keys(0, [*range(16), *range(16), *range(4)])
+    assert [k for k in taken if k[0] == 1] == _unshuffled_keys(1, [*range(27), *range(27)])
+
+
+def test_set_epoch_of_the_epoch_in_progress_moves_no_dataset(make_ds) -> None:
+    """A training loop's set_epoch(0) four batches into epoch 0 (or after resuming there) leaves every dataset where
+    it stands: the other dataset's next part is its samples 12-14, not its epoch's first again."""
+    paths = _datasets(make_ds)
+    mix = DALILeRobotMixture(paths, batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    assert (mix.batch_shares, mix.anchor, len(mix)) == ((1, 3), 0, 16)
+    head = [k for _, batch in zip(range(4), mix, strict=False) for k in _keys(batch)]
+    mix.set_epoch(0)
+    assert [part.state_dict()["samples_consumed"] for part in mix.datasets] == [4, 12]
+    rest = [k for batch in mix for k in _keys(batch)]
+    mix.close()
+    # The other dataset's 29 frames at 3 a batch: 9 batches an epoch (27 samples), then its next epoch.
+    other = [*range(27), *range(21)]
+    assert [k for k in head + rest if k[0] == 1] == _unshuffled_keys(1, other)
+    assert [k for k in head + rest if k[0] == 0] == _unshuffled_keys(0, list(range(16)))
+
+
+def test_set_epoch_back_to_an_epoch_resumed_on_other_ranks_starts_the_other_dataset_where_it_starts(make_ds) -> None:
+    """Resumed on 1 rank from 2 ranks' state 5 batches into epoch 1, the anchor stands at sample 0 of what the old
+    ranks left of epoch 1 (prior segments): not at that epoch's start. A later set_epoch(1) starts the other dataset
+    where mixture epoch 1 starts it on 1 rank (its sample 21: of the 16 batches of 3 in mixture epoch 0, 9 take 27 of
+    its epoch 0's 29 frames, 7 take 21 of its epoch 1), not where it stood when the state was loaded."""
+    paths = _datasets(make_ds)
+    kwargs = dict(batch_size=4, shuffle=False, device="cpu", num_workers=0)
+    states = []
+    for rank in (0, 1):
+        mix = DALILeRobotMixture(paths, rank=rank, world_size=2, **kwargs)
+        _run(mix, 1, [])
+        batches = iter(mix)
+        for _ in range(5):
+            next(batches)
+        states.append(mix.state_dict())
+        mix.close()
+    mix = DALILeRobotMixture(paths, **kwargs)
+    mix.load_state_dict(states[0])
+    assert mix.epoch == 1 and mix.datasets[0].state_dict()["prior_segments"]
+    _run(mix, 1, [])
+    assert mix.epoch == 2
+    mix.set_epoch(1)
+    first = _keys(next(iter(mix)))
+    mix.close()
+    assert [k for k in first if k[0] == 1] == _unshuffled_keys(1, [21, 22, 23])
+
+
+def test_each_dataset_of_a_mixture_draws_from_its_own_seed(make_ds) -> None:
+    """One dataset twice, shuffled, at equal shares: each dataset's seed derives from the mixture's and its place, so
+    the two read its frames in other orders (given the mixture's seed alike, they read the same frames in every
+    batch)."""
+    path = _datasets(make_ds)[0]
+    mix = DALILeRobotMixture([path, path], batch_size=4, seed=3, device="cpu", num_workers=0)
+    assert mix.batch_shares == (2, 2)
+    seeds = [part["seed"] for part in mix.state_dict()["datasets"]]
+    assert seeds == [int(np.random.SeedSequence([3, i]).generate_state(1)[0]) for i in range(2)]
+    taken: list[tuple[int, int, int]] = []
+    _run(mix, 1, taken)
+    mix.close()
+    orders = [[k[1:] for k in taken if k[0] == i] for i in range(2)]
+    assert sorted(orders[0]) == sorted(orders[1]) == [(e, f) for e, n in enumerate(SPECS[0][0]) for f in range(n)]
+    assert orders[0] != orders[1]
+
+
+def test_one_mapping_of_dataset_options_for_every_dataset_is_refused(tmp_path: Path) -> None:
+    """A mapping as long as the datasets are many (two options, two datasets) is not one per dataset: iterated, its
+    keys were taken for the datasets' mappings (ValueError from dict('decode'))."""
+    paths = [tmp_path / "a", tmp_path / "b"]  # (never opened)
+    with pytest.raises(TypeError, match=r"one mapping \(or None\) per dataset \(2\), got \{'decode'"):
+        DALILeRobotMixture(paths, dataset_options={"decode": "cpu", "tolerance_s": 0.1}, device="cpu")

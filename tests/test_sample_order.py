@@ -1217,3 +1217,19 @@ def test_a_state_past_the_epochs_end_is_refused() -> None:
     state["samples_consumed"] = 141
     with pytest.raises(ResumeStateError, match="141 samples of epoch 0 were consumed, but that epoch has 140"):
         _unshuffled_stream().load_state_dict(state)
+
+
+def test_only_unbalanced_states_of_several_ranks_name_the_rank_that_saved_them() -> None:
+    """``saved_rank`` is kept where rank_balance='none' runs on several ranks (each rank's count its own), and left
+    out elsewhere: on one rank, or balanced, every rank stands at one position."""
+    alone = _stream(1, 0, batch=4, rank_balance=RankBalance.NONE)
+    alone.next_batch()
+    state = alone.state_dict()
+    assert "saved_rank" not in state and StreamState.from_dict(state).rank is None
+    assert (state["epoch"], state["samples_consumed"], state["world_size"]) == (0, 4, 1)
+    balanced = _stream(2, 1, batch=4)
+    balanced.next_batch()
+    assert "saved_rank" not in balanced.state_dict()
+    unbalanced = _stream(2, 1, batch=4, rank_balance=RankBalance.NONE)
+    unbalanced.next_batch()
+    assert unbalanced.state_dict()["saved_rank"] == 1
