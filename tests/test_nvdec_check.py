@@ -213,13 +213,18 @@ def test_a_colour_space_without_a_matrix_here_is_not_judged(tmp_path: Path, capl
         container.mux(stream.encode())
     index = build_packet_index(path)
     assert stream_color(index.template)[0] == 8
-    wanted = probe_clips(index)
-    with caplog.at_level(logging.INFO, logger="lerobot_dali.nvdec_check"):
-        grey = [np.full((len(frames), 160, 192, 3), 128, np.uint8) for frames in wanted]
-        assert nvdec_disagreement(grey, path, index, wanted) == ""
-    assert [r.getMessage() for r in caplog.records] == [
+    assert _not_judged(path, index, caplog, logging.INFO) == [
         f"NVDEC's frames of {path} are not checked: colour space 8 is not converted here"
     ]
+
+
+def _not_judged(path: Path, index: Any, caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    """What the check logs (at ``level``) where it judges no pictures: grey ones, which it would refuse, pass."""
+    wanted = probe_clips(index)
+    with caplog.at_level(level, logger="lerobot_dali.nvdec_check"):
+        grey = [np.full((len(frames), index.height, index.width, 3), 128, np.uint8) for frames in wanted]
+        assert nvdec_disagreement(grey, path, index, wanted) == ""
+    return [r.getMessage() for r in caplog.records]
 
 
 def test_pictures_pyav_cannot_decode_are_not_judged(
@@ -234,11 +239,7 @@ def test_pictures_pyav_cannot_decode_are_not_judged(
         raise VideoDecodeError(f"{path}: damaged")
 
     monkeypatch.setattr(CpuFrameDecoder, "decode", fails)
-    wanted = probe_clips(index)
-    with caplog.at_level(logging.WARNING, logger="lerobot_dali.nvdec_check"):
-        grey = [np.full((len(frames), 64, 96, 3), 128, np.uint8) for frames in wanted]
-        assert nvdec_disagreement(grey, path, index, wanted) == ""
-    assert [r.getMessage() for r in caplog.records] == [
+    assert _not_judged(path, index, caplog, logging.WARNING) == [
         f"NVDEC's frames of {path} are not checked: PyAV failed ({path}: damaged)"
     ]
 
