@@ -1079,3 +1079,46 @@ def test_read_episode_of_a_key_that_is_no_name_names_it(v3: Path, key: object) -
     """The 'did you mean' of its error spelt every key as a string: AttributeError ('int' has no 'rsplit')."""
     with pytest.raises(DatasetError, match=rf"unknown key {key}; tabular keys are \[.*\]: pass keys from those$"):
         open_dataset(v3).read_episode(0, keys=[key])  # type: ignore[list-item]
+
+
+def test_columns_are_read_as_declared_or_refused_by_hand() -> None:
+    """A column's values as its declared dtype and shape: one past the dtype's range (an integer, or a float at exactly
+    2**8) is refused, not wrapped around; a fraction is refused for a bool as for an integer; a declared (1,) batches
+    to (B,) stored plain, (B, 1) stored as one-element lists; a null inside a vector and lists of more levels than the
+    declared shape are refused."""
+    from lerobot_dali.dataset_info import Feature
+    from lerobot_dali.episode_rows import _column_to_numpy
+
+    def read(values: pa.Array, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+        return _column_to_numpy(pa.chunked_array([values]), Feature("x", dtype, shape), "data.parquet")
+
+    assert read(pa.array([0, 255]), "uint8", (1,)).tolist() == [0, 255]
+    for past in (pa.array([0, 256]), pa.array([0.0, 256.0])):
+        with pytest.raises(SchemaMismatchError, match=r"holds 256(\.0)? .* outside the range of the declared dtype"):
+            read(past, "uint8", (1,))
+    assert read(pa.array([0.0, 1.0]), "bool", (1,)).tolist() == [False, True]
+    with pytest.raises(SchemaMismatchError, match="holds fractional values .* 'bool'"):
+        read(pa.array([0.0, 0.5]), "bool", (1,))
+    assert read(pa.array([1.5, 2.5]), "float32", (1,)).shape == (2,)
+    assert read(pa.array([[1.5], [2.5]], pa.list_(pa.float64())), "float32", (1,)).tolist() == [[1.5], [2.5]]
+    with pytest.raises(SchemaMismatchError, match=r"1 null value\(s\) inside its vectors"):
+        read(pa.array([[1.0, None], [2.0, 3.0]], pa.list_(pa.float64())), "float32", (2,))
+    nested = pa.array([[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]], pa.list_(pa.list_(pa.float64())))
+    assert read(nested, "float32", (2, 3)).tolist() == [[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]]
+    with pytest.raises(SchemaMismatchError, match=r"holds 2-level lists of lengths \[\[2\], \[3\]\] .* shape \[6\]"):
+        read(nested, "float32", (6,))
+    with pytest.raises(SchemaMismatchError, match=r"holds 2-level lists of lengths \[\[2\], \[3\]\] .* shape \[2\]"):
+        read(nested, "float32", (2,))  # (its outer level matches the one declared: still two levels, not one)
+
+
+def test_an_integer_columns_range_is_read_from_every_row_groups_statistics(tmp_path: Path) -> None:
+    """The smallest and largest of a column over its row groups, not the first group's smallest and the last's
+    largest: groups [5, 3], [9, 1] and [4, 6] hold 1..9."""
+    from lerobot_dali.episode_rows import integer_column_range
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"index": pa.array([5, 3, 9, 1, 4, 6], pa.int64())}), path, row_group_size=2)
+    metadata = pq.ParquetFile(path).metadata
+    assert metadata.num_row_groups == 3
+    assert integer_column_range(metadata, "index") == (1, 9)
+    assert integer_column_range(metadata, "frame_index") is None

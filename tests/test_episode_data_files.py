@@ -17,7 +17,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lerobot_dali.errors import EpisodeMetadataError, MissingDataFileError
+from lerobot_dali import episode_table
+from lerobot_dali.episode_table import EpisodeTable
+from lerobot_dali.errors import DatasetError, EpisodeMetadataError, MissingDataFileError
 from lerobot_dali.iterator import DALILeRobotIterator
 
 LENGTHS = [6, 9, 4, 8, 5]
@@ -253,6 +255,40 @@ def test_the_column_check_numbers_the_data_files_once(make_ds, monkeypatch) -> N
     copy = pickle.loads(pickle.dumps(table))
     assert "_rows_read" not in vars(copy) and "_data_file_id" not in vars(copy)
     assert copy.rows_read_per_data_file().tolist() == [LENGTHS[1], LENGTHS[2], LENGTHS[4]]
+
+
+def _hand_table() -> EpisodeTable:
+    """Episodes 0-4 of lengths 3 2 4 3 1 in data files (chunk, file) (0, 0) (0, 0) (1, 0) (1, 0) (0, 1000): files are
+    numbered by (chunk, file), so (0, 1000) comes before (1, 0), and the two are not one file."""
+    length = np.array([3, 2, 4, 3, 1])
+    to_index = np.cumsum(length)
+    from_index = to_index - length
+    chunk, file = np.array([0, 0, 1, 1, 0]), np.array([0, 0, 0, 0, 1000])
+    tasks = pa.array([["a"], [], None, ["b", "a"], ["c"]], pa.list_(pa.string()))
+    return EpisodeTable(
+        np.arange(5), length, from_index, to_index, chunk, file, np.zeros(5, np.int64), tasks, {}, np.zeros(5, np.int64)
+    )
+
+
+def test_an_episode_tables_data_files_by_hand() -> None:
+    """Per episode: its data file's number, the rows its file's episodes take, where its rows start in the file, the
+    first episode of each file (all, or of those wanted: ascending), a column's span over its file's episodes, the
+    episodes whose listed tasks lack the one their rows name (an empty or missing list lacks none)."""
+    table = _hand_table()
+    assert table.data_file_ids().tolist() == [0, 0, 2, 2, 1]
+    assert table.rows_read_per_data_file().tolist() == [5, 5, 7, 7, 1]
+    assert episode_table._row_start_in_file(table.data_file_ids(), table.dataset_from_index).tolist() == [0, 3, 0, 4, 0]
+    assert table.first_of_each_data_file().tolist() == [0, 2, 4]
+    assert table.first_of_each_data_file(np.array([False, True, True, True, True])).tolist() == [1, 2, 4]
+    [(low, high)] = table.data_file_spans(table.dataset_from_index)
+    assert low.tolist() == [0, 0, 5, 5, 12] and high.tolist() == [3, 3, 9, 9, 12]
+    lacking = table.lacking_task(np.arange(5), np.array([0, 0, 0, 1, 0]), {0: "a", 1: "b"})
+    assert lacking.tolist() == [4]  # (episode 4 lists "c" only; 1's list is empty, 2's missing)
+    assert table.select([4, 1]).episode_index.tolist() == [1, 4]
+    with pytest.raises(DatasetError, match=r"episodes \[7\] are not in this dataset"):
+        table.select([1, 7])
+    with pytest.raises(DatasetError, match=r"lists \[4\] more than once"):
+        table.select([4, 1, 4])
 
 
 def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:

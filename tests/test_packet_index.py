@@ -159,6 +159,49 @@ def test_an_index_with_b_frames_holds_46_bytes_a_frame() -> None:
     assert huge.size_bytes.dtype == np.int64 and huge.size_bytes.tolist() == [2**31] * 5
 
 
+def _gop_index(pts: list[int], keyframes: list[int], hidden: list[int] = ()) -> packet_index.PacketIndex:
+    """A 10-packet index (decode order) of ``pts`` (in units of 512) whose keyframes and hidden packets are the decode
+    positions given."""
+    count = len(pts)
+    return replace(
+        _long_index(np.asarray(pts, dtype=np.int64) * 512, np.arange(count, dtype=np.int64) * 512 - 1024),
+        keyframe=np.isin(np.arange(count), keyframes),
+        hidden=np.isin(np.arange(count), hidden),
+    )
+
+
+def test_display_order_keyframes_and_shown_frames_by_hand() -> None:
+    """Display order, keyframe slots, the keyframe a clip starts at, the typical frame distance (a median: one long
+    gap does not make every frame long) and the frames an edit list shows, worked out by hand for one B-frame stream:
+    decode order pts 0 3 1 2 | 4 7 5 6 | 8 12, keyframes at decode positions 0, 4 and 8."""
+    index = _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8])
+    assert index.display_order.tolist() == [0, 2, 3, 1, 4, 6, 7, 5, 8, 9]
+    assert index.display_rank.tolist() == [0, 3, 1, 2, 4, 7, 5, 6, 8, 9]
+    assert index.frame_duration == 512 and index.frame_interval_s == pytest.approx(512 / 15360)
+    assert index.keyframe_positions.tolist() == [0, 4, 8]
+    assert index.keyframe_slots([0, 3, 4, 7, 8, 9]).tolist() == [0, 0, 1, 1, 2, 2]
+    assert index.has_leading_pictures is False  # (every picture shows at or after its GOP's keyframe)
+    assert index.start_keyframe([5, 1]) == 0  # (display frame 1 is decode position 2, in the first GOP)
+    assert index.start_keyframe([7, 4]) == 4
+    assert index.start_keyframe([9, 8]) == 8
+    assert index.shown == range(10) and index.hidden is None
+    # A stream that does not start on a keyframe decodes from its start: position 0 counts as one.
+    late = _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[4, 8])
+    assert late.keyframe_positions.tolist() == [0, 4, 8]
+    assert late.keyframe_slots([3, 4]).tolist() == [0, 1] and late.start_keyframe([2]) == 0
+    # Decode position 5 (pts 4) shows before its GOP's keyframe (pts 5): a leading picture.
+    assert _gop_index([0, 3, 1, 2, 5, 4, 7, 6, 8, 9], keyframes=[0, 4, 8]).has_leading_pictures is True
+    # An edit list hiding the first and the last frame shown (decode positions 0 and 9: display 0 and 9).
+    trimmed = _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=[0, 9])
+    assert trimmed.shown == range(1, 9)
+    assert trimmed.shown_pts.tolist() == [512 * k for k in range(1, 9)]
+    assert trimmed.shown_pts_s.tolist() == pytest.approx([512 * k / 15360 for k in range(1, 9)])
+    with pytest.raises(VideoDecodeError, match="hides every one of its 10 frames"):
+        _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=list(range(10)))
+    with pytest.raises(VideoDecodeError, match="hides 1 frames among those it shows"):
+        _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=[0, 4])
+
+
 def test_sources_path_fsspec_and_file_objects(marker_video: MarkerVideo) -> None:
     path = marker_video("vp9", 2)
     expected = build_packet_index(path).pts
@@ -848,3 +891,18 @@ def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_movie_duration
                 build_packet_index(cut)
         else:
             assert build_packet_index(cut).frame_count == len(_decoded_pts(cut)) == 60
+
+
+def test_a_movie_duration_over_half_a_frame_longer_than_the_tracks_is_refused(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """The mehd check's bound is half a frame (1/60 s at 30 fps): a whole file whose tracks hold 3.067 s (its last frame
+    shows at 3.033 s, B-frame delay counted) and whose mehd gives one frame more (3.100 s) is refused as cut; one whose
+    mehd gives a quarter of a frame more (3.075 s) is indexed whole."""
+    flags = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
+    source = remux(marker_video("h264", 30), tmp_path / "source.mp4", movflags=flags)
+    longer = with_movie_duration(source, tmp_path / "longer.mp4", 3.1)
+    said = r"longer\.mp4: its tracks hold 3\.067 s but its mehd box gives the movie 3\.100 s \(a cut between two"
+    with pytest.raises(VideoDecodeError, match=said):
+        build_packet_index(longer)
+    assert build_packet_index(with_movie_duration(source, tmp_path / "close.mp4", 3.075)).frame_count == 90
