@@ -48,10 +48,9 @@ def probe_clips(index: PacketIndex) -> list[np.ndarray]:
     shown = index.shown
     keyframes = np.sort(index.display_rank[index.keyframe_positions])
     later = keyframes[(keyframes > shown.start) & (keyframes < shown.stop)]
-    if not later.size:
-        return [np.arange(shown.start, min(shown.start + 1 + _FRAMES_AFTER_KEYFRAME, shown.stop))]
-    start = int(later[len(later) // 2])
-    return [np.array([shown.start]), np.arange(start, min(start + 1 + _FRAMES_AFTER_KEYFRAME, shown.stop))]
+    start = int(later[len(later) // 2]) if later.size else shown.start
+    run = np.arange(start, min(start + 1 + _FRAMES_AFTER_KEYFRAME, shown.stop))
+    return [np.array([shown.start]), run] if later.size else [run]
 
 
 def recolored(frames: np.ndarray, fix: np.ndarray) -> np.ndarray:

@@ -156,8 +156,8 @@ def test_saturated_colours_that_two_decoders_convert_apart_agree_in_brightness(t
 
 
 def _bilinear_nvdec(planes: Any) -> np.ndarray:
-    """DALI's NVDEC conversion as its source reads (BT.601 limited range, chroma interpolated bilinearly between
-    sample centres, rounded to nearest), on a frame's planes."""
+    """DALI's NVDEC conversion as its source reads (``_nvdec_like``: BT.601 limited range, rounded to nearest) with
+    chroma interpolated bilinearly between sample centres, on a frame's planes."""
     height, width = planes.luma.shape
 
     def upsampled(plane: np.ndarray) -> np.ndarray:
@@ -171,10 +171,7 @@ def _bilinear_nvdec(planes: Any) -> np.ndarray:
         bottom = p[y1][:, x0] * (1 - wx) + p[y1][:, x1] * wx
         return top * (1 - wy) + bottom * wy
 
-    y = (planes.luma.astype(np.float64) - 16) * 255 / 219
-    cb, cr = ((upsampled(c) - 128) * 255 / 224 for c in planes.chroma)
-    rgb = np.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb], axis=-1)
-    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+    return _nvdec_like(planes, False, upsampled)[0]
 
 
 @pytest.mark.parametrize("full_range", [False, True])

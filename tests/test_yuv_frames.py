@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import av
@@ -357,11 +358,13 @@ def test_iterator_with_graph_conversion_equals_worker_conversion(make_ds, caplog
     assert diff.float().mean() < 2.5 and diff.max() <= 40, (diff.float().mean(), diff.max())
 
 
-def _nvdec_like(planes: FramePlanes, full_range: bool) -> tuple[np.ndarray, np.ndarray]:
+def _nvdec_like(
+    planes: FramePlanes, full_range: bool, upsample: Callable[[np.ndarray], np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """What DALI's NVDEC path makes of a frame whatever its tags: BT.601 (JPEG's when full range), rounded and
-    saturated (``color_space.cu``); chroma repeated over 2x2 here, to judge the matrix alone. Also the mask of
-    pixels it did not saturate."""
-    chroma = [np.repeat(np.repeat(c, 2, axis=0), 2, axis=1) for c in planes.chroma]
+    saturated (``color_space.cu``); chroma repeated over 2x2 here, to judge the matrix alone, unless ``upsample``
+    (a 4:2:0 chroma plane -> the luma plane's size) says otherwise. Also the mask of pixels it did not saturate."""
+    chroma = [np.repeat(np.repeat(c, 2, axis=0), 2, axis=1) if upsample is None else upsample(c) for c in planes.chroma]
     ycbcr = np.stack([planes.luma, *chroma], axis=-1).astype(np.float64)
     bt601 = color_matrix(2, full_range).astype(np.float64)
     exact = ycbcr @ bt601[:, :3].T + bt601[:, 3] - yuv_frames._SWSCALE_BIAS  # DALI rounds to nearest

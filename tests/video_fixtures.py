@@ -53,10 +53,10 @@ def remux(source: Path | str, target: Path, container_format: str | None = None,
     return target
 
 
-def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) -> dict[int, np.ndarray]:
+def reference_frames(path: Path | str | io.BytesIO, keep_pts: Collection[int] | None = None) -> dict[int, np.ndarray]:
     """Independent full sequential PyAV decode: RGB frames keyed by pts (only those in ``keep_pts`` when given)."""
     frames: dict[int, np.ndarray] = {}
-    with av.open(str(path)) as container:
+    with av.open(path if isinstance(path, io.BytesIO) else str(path)) as container:
         for frame in container.decode(video=0):
             if keep_pts is None or frame.pts in keep_pts:
                 frames[frame.pts] = frame.to_ndarray(format="rgb24")
@@ -66,9 +66,9 @@ def reference_frames(path: Path | str, keep_pts: Collection[int] | None = None) 
 def clip_pictures(clip: np.ndarray, relative_indices: Collection[int]) -> np.ndarray:
     """A remuxed clip's pictures at its ``relative_indices`` (display order), by a full PyAV decode of the clip: what a
     working NVDEC gives, for tests that fake the NVDEC probe."""
-    with av.open(io.BytesIO(clip.tobytes())) as container:
-        shown = sorted(container.decode(video=0), key=lambda frame: frame.pts)
-        return np.stack([shown[int(i)].to_ndarray(format="rgb24") for i in relative_indices])
+    decoded = reference_frames(io.BytesIO(clip.tobytes()))
+    shown = [decoded[pts] for pts in sorted(decoded)]
+    return np.stack([shown[int(i)] for i in relative_indices])
 
 
 def assert_frames_decoded(
