@@ -33,7 +33,7 @@ from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
 from .batch_source import BatchSource, SourceSpec, output_fields
 from .camera_plan import CameraPlanner
 from .cpu_decode_options import CpuDecodeOptions, checked_cpu_decode
-from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline
+from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline, source_queue_depth
 from .dataset_info import INDEX_COLUMNS
 from .dataset_reader import NO_SUBTASK_INDEX, LeRobotDatasetReader, warn_undeclared_columns
 from .dataset_union import DATASET_INDEX, DatasetUnion, datasets_held, refuse_another_order, warn_of_other_contents
@@ -109,7 +109,8 @@ class DALILeRobotIterator:
       LeRobot's ``EpisodeAwareSampler``, with which it trains Diffusion Policy: their windows still read them).
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
-      ``dali_threads``, ``prefetch`` (batches DALI prepares ahead), ``cpu_decode`` (the CPU decoder's options).
+      ``dali_threads``, ``prefetch`` (batches DALI prepares ahead; the workers also have at least one batch each
+      in hand, so every worker is busy), ``cpu_decode`` (the CPU decoder's options).
     * Remote datasets: ``cache_dir`` and ``cache_gb`` (the local cache episodes are prefetched into; 0: off).
     """
 
@@ -782,7 +783,8 @@ class DALILeRobotIterator:
             return None
         epoch, start = self._stream.epoch, self._stream.samples_consumed
         # The batches DALI may have had in flight: the external source's queue plus the pipeline's.
-        stop = min(self._stream.num_samples(), start + (2 * self._prefetch + 2) * self.batch_size)
+        in_flight = source_queue_depth(self._prefetch, self._num_workers) + self._prefetch + 2
+        stop = min(self._stream.num_samples(), start + in_flight * self.batch_size)
         source = BatchSource(self._spec)
         try:
             return locate_clip_failure(source, epoch, start, stop, device_id=self._device_id, cause=error)
