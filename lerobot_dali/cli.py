@@ -780,7 +780,12 @@ def _parser() -> argparse.ArgumentParser:
         help="lerobot-dali's pipeline and every loader's batches (default auto: cuda where torch sees a GPU, else cpu)",
     )  # fmt: skip
     bench.add_argument("--steps", type=int, help="measured batches per loader (default 30; quick 6)")
-    bench.add_argument("--warmup", type=int, help="batches before the measured window, >= 1 (default 3; quick 2)")
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        help="batches before the measured window, >= 1 (default 2 per worker and 2: what the loaders queue ahead; "
+        "quick 2)",
+    )
     bench.add_argument(
         "--repeats", type=int, default=1, help="runs per loader, in rotating order; the median is reported (default 1)"
     )

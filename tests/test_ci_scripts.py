@@ -66,11 +66,13 @@ def test_gpu_check_logs_every_step_and_fails_without_a_gpu(tmp_path: Path) -> No
     assert lines[0] == "nvidia-smi"
     assert "python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --timeout 180" in lines
     assert "python3 -m lerobot_dali diagnose" in lines
+    assert "python3 bench/nvdec_clips.py --cache-dir /data/bench" in lines  # (the bench's H.264 set, from its cache)
     bench = [line for line in lines if " bench " in line]
     assert bench == [
         f"python3 -m lerobot_dali bench --device cuda --limits --out {out}/bench --cache-dir /data/bench --quick"
     ]
-    assert {"gpu.log", "nvcuvid.log", "gpu-tests.log", "diagnose.log", "bench.log"} <= {p.name for p in out.iterdir()}
+    logs = {"gpu.log", "nvcuvid.log", "gpu-tests.log", "nvdec-clips.log", "diagnose.log", "bench.log"}
+    assert logs <= {p.name for p in out.iterdir()}
     _cli_accepts(lines)
 
 

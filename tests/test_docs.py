@@ -79,7 +79,8 @@ def parsers() -> Iterator[dict[str, argparse.ArgumentParser]]:
         for name in ("train", "lerobot_policy"):
             module = importlib.import_module(f"pipelines.{name}")
             found[f"pipelines/{name}.py"] = _captured_parser(partial(module.parse_args, []), monkeypatch)
-        for name in ("batch_cpu", "batch_fallback", "row_groups", "worker_start", "order_scale", "training_cpu"):
+        scripts = ("batch_cpu", "batch_fallback", "nvdec_clips", "row_groups", "worker_start", "order_scale")
+        for name in (*scripts, "training_cpu"):
             module = _script(ROOT / "bench" / f"{name}.py", monkeypatch)
             found[f"bench/{name}.py"] = _captured_parser(module.main, monkeypatch)
         yield found
