@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,36 @@ def test_four_workers_assemble_four_batches_at_once(make_ds, monkeypatch, tmp_pa
     workers = {f.name.split("-")[0] for f in times.iterdir()}
     assert len(intervals) >= batches and len(workers) == 4
     assert _most_at_once(intervals) >= 3  # type: ignore[arg-type]  (4 expected; 2 before)
+
+
+def _keys(batch: dict) -> list[tuple[int, int]]:
+    return [(int(e), int(f)) for e, f in zip(batch["episode_index"], batch["frame_index"], strict=True)]
+
+
+def test_more_workers_than_an_epoch_has_batches_lose_and_repeat_nothing(make_ds) -> None:
+    """6 workers keep 6 batches in hand where an epoch has 4 (the last one partial): the batches scheduled past an
+    epoch's end are dropped, each epoch covers every frame once, and a resume mid-epoch continues exactly."""
+    root = make_ds(episodes=3, frames_per_episode=5, cameras=1, codec="vp9", fps=10, episodes_per_file=3, gop=2)
+    options = dict(batch_size=4, shuffle=True, seed=11, device="cpu", num_workers=6, drop_last=False)
+    it = DALILeRobotIterator(root, **options)
+    whole = []
+    for epoch in range(3):
+        it.set_epoch(epoch)
+        batches = [_keys(b) for b in it]
+        assert [len(b) for b in batches] == [4, 4, 4, 3]
+        assert Counter(key for b in batches for key in b) == Counter((e, f) for e in range(3) for f in range(5))
+        whole += [key for b in batches for key in b]
+    it.close()
+    first = DALILeRobotIterator(root, **options)
+    stream = iter(first)
+    seen = _keys(next(stream)) + _keys(next(stream))
+    state = first.state_dict()
+    first.close()
+    resumed = DALILeRobotIterator(root, **options)
+    resumed.load_state_dict(state)
+    for epoch in range(3):
+        if epoch:
+            resumed.set_epoch(epoch)
+        seen += [key for b in resumed for key in _keys(b)]
+    resumed.close()
+    assert seen == whole
