@@ -783,7 +783,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--warmup",
         type=int,
-        help="batches before the measured window, >= 1 (default 2 per worker and 2: what the loaders queue ahead; "
+        help="batches before the measured window, >= 1 (default 2 x workers + 2, more than the loaders queue ahead; "
         "quick 2)",
     )
     bench.add_argument(

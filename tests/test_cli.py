@@ -800,6 +800,10 @@ def test_bench_help_states_the_defaults_bench_uses(capsys, monkeypatch) -> None:
         assert said, f"{flag}: no '(default ...; quick N)' in --help"
         full, quick = said.groups()
         assert getattr(bench.BenchConfig(quick=True), field) == int(quick), flag
+        if flag == "--warmup":  # (by the workers, whose default the help gives as well)
+            assert full.startswith("2 x workers + 2,"), full
+            assert bench.BenchConfig().warmup == 2 * bench.BenchConfig().num_workers + 2 == 10
+            continue
         assert str(getattr(bench.BenchConfig(), field)) == full.replace("min(4, cores)", "4"), flag
     for flag, field in (("--pool-size", "episode_pool_size"), ("--device", "device")):  # defaults with no quick value
         said = re.search(rf"{flag} \S+ [^(]*\(default (\w+)", out)
