@@ -52,7 +52,7 @@ from .yuv_frames import PlaneFrames, stream_color
 if TYPE_CHECKING:
     from .camera_codecs import FileFormat
 
-__all__ = ["BatchSource", "CameraFormat", "SourceSpec", "output_fields"]
+__all__ = ["BatchSource", "CameraFormat", "SourceSpec", "batch_bytes_estimate", "output_fields"]
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +210,32 @@ def _decodes_distinct(spec: SourceSpec, camera: str) -> bool:
     """Whether a clip camera's window may repeat frames (edge padding), so its distinct frames are decoded once
     each and put in window order by the graph (``FieldKind.CLIP_ORDER``)."""
     return len(spec.delta_index.get(camera, ())) > 1
+
+
+def batch_bytes_estimate(spec: SourceSpec) -> int:
+    """About the bytes of one batch the workers hand over in shared memory: its frames (RGB, planes at half that,
+    depth as float32; a clip at a sixteenth of its frames' RGB, about a keyframe's share), which outweigh the
+    tabular columns. It bounds the batches the workers may hold at once (:func:`~.dali_graph.source_queue_depth`)."""
+    per_sample = 0
+    for camera, feed in spec.camera_feeds.items():
+        shape = spec.camera_formats.get(camera)
+        if shape is None:
+            continue
+        height, width = feed.worker_size or (shape.height, shape.width)
+        pixels = height * width * len(spec.delta_index.get(camera, (0,)))
+        if feed.depth:
+            per_sample += 4 * pixels
+        elif feed.planes:
+            per_sample += 3 * pixels // 2
+        elif feed.route.dali_device is None:
+            per_sample += 3 * pixels
+        else:
+            per_sample += 3 * pixels // 16
+    for key in spec.image_keys:
+        height, width, channels = spec.image_shapes.get(key, (0, 0, 3))
+        bytes_per_value = 4 if key in spec.depth_image_units else 1
+        per_sample += height * width * channels * bytes_per_value * len(spec.delta_index.get(key, (0,)))
+    return per_sample * spec.batch_size
 
 
 def output_fields(spec: SourceSpec) -> list[Field]:

@@ -35,6 +35,7 @@ __all__ = [
     "draws_progress",
     "launch_key",
     "local_cuda_device",
+    "local_world_size",
     "rank_cuda_device",
     "refuse_unresolved_launch",
     "resolve_rank",
@@ -325,12 +326,17 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def local_world_size() -> int:
+    """The ranks on this node (``LOCAL_WORLD_SIZE``, set by torchrun and accelerate; 1 without it), which share its
+    CPUs and its /dev/shm. ShardingError naming ``LOCAL_WORLD_SIZE`` where it is no whole number >= 1
+    (:func:`_env_count`: ``two``, ``""`` or ``0`` were taken for 1 rank)."""
+    return _env_count("LOCAL_WORLD_SIZE", minimum=1) if "LOCAL_WORLD_SIZE" in os.environ else 1
+
+
 def cpus_per_local_rank() -> int:
-    """CPUs this process may run on, shared among the ranks of its node (``LOCAL_WORLD_SIZE``, set by torchrun
-    and accelerate): the budget for this rank's decoding workers. ShardingError naming ``LOCAL_WORLD_SIZE`` where it
-    is no whole number >= 1 (:func:`_env_count`: ``two``, ``""`` or ``0`` were taken for 1 rank, all the CPUs each)."""
-    local_world = _env_count("LOCAL_WORLD_SIZE", minimum=1) if "LOCAL_WORLD_SIZE" in os.environ else 1
-    return max(1, usable_cpus() // local_world)
+    """CPUs this process may run on, shared among the ranks of its node (:func:`local_world_size`): the budget
+    for this rank's decoding workers."""
+    return max(1, usable_cpus() // local_world_size())
 
 
 def require_cuda(asked: str, *, instead: str) -> int:

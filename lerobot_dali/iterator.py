@@ -30,7 +30,7 @@ from . import fork_locks
 from .augment_config import AugmentConfig, checked_size
 from .augment_semantics import AUGMENT_SEMANTICS_VERSION, saved_version, warn_if_changed
 from .batch_shapes import first_episode_rows, image_shapes, listed_scalars
-from .batch_source import BatchSource, SourceSpec, output_fields
+from .batch_source import BatchSource, SourceSpec, batch_bytes_estimate, output_fields
 from .camera_plan import CameraPlanner
 from .cpu_decode_options import CpuDecodeOptions, checked_cpu_decode
 from .dali_graph import HOST_SUBTASK_INDEX, HOST_TASK_INDEX, build_pipeline, source_queue_depth
@@ -40,7 +40,7 @@ from .dataset_union import DATASET_INDEX, DatasetUnion, datasets_held, refuse_an
 from .decode_errors import locate_clip_failure
 from .decode_route import DecodePreference, DecodePreferenceName
 from .depth_maps import DepthUnit, DepthUnitName
-from .distributed import cpus_per_local_rank, rank_cuda_device, resolve_rank
+from .distributed import cpus_per_local_rank, local_world_size, rank_cuda_device, resolve_rank
 from .errors import (
     DatasetError,
     EpisodeMetadataError,
@@ -109,8 +109,8 @@ class DALILeRobotIterator:
       LeRobot's ``EpisodeAwareSampler``, with which it trains Diffusion Policy: their windows still read them).
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
-      ``dali_threads``, ``prefetch`` (batches DALI prepares ahead; the workers also have at least one batch each
-      in hand, so every worker is busy), ``cpu_decode`` (the CPU decoder's options).
+      ``dali_threads``, ``prefetch`` (batches DALI prepares ahead; the workers compute one batch each and
+      ``prefetch`` more ahead, as /dev/shm allows), ``cpu_decode`` (the CPU decoder's options).
     * Remote datasets: ``cache_dir`` and ``cache_gb`` (the local cache episodes are prefetched into; 0: off).
     """
 
@@ -520,6 +520,7 @@ class DALILeRobotIterator:
         pipe, names = build_pipeline(
             source,
             output_fields(spec),
+            source_depth=self._source_depth(spec),
             batch_size=self.batch_size,
             device_id=self._device_id,
             num_workers=self._num_workers,
@@ -777,14 +778,30 @@ class DALILeRobotIterator:
             return located
         return original_worker_error(e) or e
 
+    def _source_depth(self, spec: SourceSpec) -> int:
+        """Batches the workers compute ahead: one per worker and ``prefetch`` more, as many as fit in half of this
+        rank's share of /dev/shm (the node's ranks share it, and NCCL uses it too), with a warning where fewer."""
+        shm = shm_bytes()
+        batch = batch_bytes_estimate(spec)
+        budget = None if shm is None else shm // local_world_size() // 2
+        depth = source_queue_depth(self._prefetch, self._num_workers, batch_bytes=batch, shm_budget=budget)
+        wanted = source_queue_depth(self._prefetch, self._num_workers)
+        if self._num_workers and depth < wanted:
+            warn_once(
+                logger,
+                "/dev/shm holds %d MiB for this rank's batches (half its share): the workers compute %d batches ahead "
+                "instead of %d (a batch is about %.0f MiB), so some of the %d wait; %s",
+                (budget or 0) >> 20, depth, wanted, batch / 2**20, self._num_workers, shared_memory_note(shm),
+            )  # fmt: skip
+        return depth
+
     def _locate_decode_failure(self, error: Exception) -> Exception | None:
         """A failure in the pipeline itself (not a worker) may be DALI rejecting a clip; name its file."""
         if all(route.dali_device is None for route in self.routes.values()):
             return None
         epoch, start = self._stream.epoch, self._stream.samples_consumed
         # The batches DALI may have had in flight: the external source's queue plus the pipeline's.
-        in_flight = source_queue_depth(self._prefetch, self._num_workers) + self._prefetch + 2
-        stop = min(self._stream.num_samples(), start + in_flight * self.batch_size)
+        stop = min(self._stream.num_samples(), start + (2 * self._prefetch + 2) * self.batch_size)
         source = BatchSource(self._spec)
         try:
             return locate_clip_failure(source, epoch, start, stop, device_id=self._device_id, cause=error)

@@ -167,9 +167,9 @@ def shared_memory_note(total: int | None) -> str:
     size = f"{total / 2**20:.0f} MiB here" if total is not None else "its size unknown here"
     return (
         f"the worker processes hand their batches over in shared memory there ({size}, and a batch of 32 "
-        "samples of three 480x640 cameras is 88 MiB, a few in flight per worker); in Docker run with --ipc=host "
-        "or --shm-size=8g (Kubernetes: an emptyDir of medium Memory on /dev/shm), or lower num_workers, "
-        "batch_size or prefetch"
+        "samples of three 480x640 cameras is 88 MiB, one per worker in flight and 2 x prefetch more); in Docker "
+        "run with --ipc=host or --shm-size=8g (Kubernetes: an emptyDir of medium Memory on /dev/shm), or lower "
+        "num_workers, batch_size or prefetch"
     )
 
 

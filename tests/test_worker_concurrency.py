@@ -3,6 +3,7 @@ and schedules only its ``prefetch_queue_depth`` batches ahead, so the graph must
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import lerobot_dali.iterator as iterator_module
-from lerobot_dali.batch_source import BatchSource
+from lerobot_dali.batch_source import BatchSource, batch_bytes_estimate
 from lerobot_dali.dali_graph import source_queue_depth
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -46,9 +47,57 @@ def test_most_at_once_counts_overlaps() -> None:
     assert _most_at_once([(0, 3), (1, 2), (1.5, 4), (3.5, 5)]) == 3
 
 
-@pytest.mark.parametrize(("prefetch", "workers", "depth"), [(2, 1, 2), (2, 2, 2), (2, 12, 12), (3, 2, 3), (1, 4, 4)])
-def test_the_source_keeps_one_batch_per_worker_in_hand(prefetch: int, workers: int, depth: int) -> None:
+@pytest.mark.parametrize(("prefetch", "workers", "depth"), [(2, 1, 3), (2, 2, 4), (2, 12, 14), (3, 2, 5), (1, 4, 5)])
+def test_the_source_keeps_a_batch_per_worker_and_prefetch_more_in_hand(prefetch: int, workers: int, depth: int) -> None:
     assert source_queue_depth(prefetch, workers) == depth
+
+
+@pytest.mark.parametrize(("budget", "depth"), [(None, 14), (10**9, 14), (1000, 8), (500, 3), (100, 2), (0, 2)])
+def test_the_depth_is_cut_to_what_shared_memory_holds(budget: int | None, depth: int) -> None:
+    """DALI holds prefetch + depth batches in shared memory: 100-byte batches in 1000 bytes are 10, so 8 ahead with
+    prefetch 2; never fewer than prefetch (the depth before the workers were counted)."""
+    assert source_queue_depth(2, 12, batch_bytes=100, shm_budget=budget) == depth
+
+
+def test_a_batch_is_estimated_by_its_frames(make_ds) -> None:
+    """RGB frames (CPU mode: the workers convert) at 3 bytes a pixel and window frame; a clip (VP9 on DALI's CPU
+    decoder) at a sixteenth of that."""
+    rgb = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    window = {"observation.images.cam0": [-0.1, 0.0, 0.1]}
+    assert _estimate(rgb, batch_size=2) == 2 * 2 * 96 * 128 * 3
+    assert _estimate(rgb, batch_size=2, delta_timestamps=window) == 2 * (3 + 1) * 96 * 128 * 3
+    clips = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", fps=10, episodes_per_file=2, gop=2)
+    assert _estimate(clips, batch_size=4) == 4 * 96 * 128 * 3 // 16
+
+
+def _estimate(root: Path, **options) -> int:
+    it = DALILeRobotIterator(root, shuffle=False, device="cpu", num_workers=0, **options)
+    try:
+        iter(it)  # (builds the pipeline, and with it the workers' spec)
+        return batch_bytes_estimate(it._spec)
+    finally:
+        it.close()
+
+
+def test_a_small_dev_shm_keeps_fewer_batches_ahead_with_a_warning(make_ds, monkeypatch, caplog) -> None:
+    """A /dev/shm that holds 5 batches in this rank's half: 3 ahead (5 less prefetch 2), not 6 (4 workers and 2),
+    said once; every frame still read once."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    batch = 2 * 96 * 128 * 3
+    monkeypatch.setattr(iterator_module, "shm_bytes", lambda: 2 * 5 * batch + 1)
+    depths: list[int] = []
+    real_build = iterator_module.build_pipeline
+    monkeypatch.setattr(
+        iterator_module, "build_pipeline", lambda *a, **k: depths.append(k["source_depth"]) or real_build(*a, **k)
+    )
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=4)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        keys = [key for b in it for key in _keys(b)]
+    it.close()
+    assert depths == [3]
+    assert sorted(keys) == [(e, f) for e in range(2) for f in range(4)]
+    (said,) = [r.getMessage() for r in caplog.records if "/dev/shm holds" in r.getMessage()]
+    assert "compute 3 batches ahead instead of 6" in said and "--shm-size" in said
 
 
 def test_four_workers_assemble_four_batches_at_once(make_ds, monkeypatch, tmp_path: Path) -> None:
