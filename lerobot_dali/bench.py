@@ -143,10 +143,11 @@ def default_specs(quick: bool) -> tuple[GeneratedSpec, ...]:
 
 
 def default_warmup(num_workers: int) -> int:
-    """Batches left out before the window: what the deepest loader queues ahead, 2 per worker (a DataLoader's
-    ``prefetch_factor``; lerobot-dali's source holds 1 per worker and its pipeline 2 more), and 2 more. The workers
-    fill those queues during start-up, so a shorter warm-up times a queue draining, not a steady loader: on an H200
-    with 12 workers, 3 warm-up and 20 measured batches, the DataLoader's p50 gap was 7 ms and its p99 1.6 s."""
+    """Batches left out before the window: 2 per worker and 2 more, what the loaders queue ahead from 2 workers on
+    (a DataLoader 2 per worker, its ``prefetch_factor``; lerobot-dali 1 per worker and 4 more, its source's
+    ``prefetch`` and its pipeline's). The workers fill those queues during start-up, so a shorter warm-up times a
+    queue draining, not a steady loader: on an H200 with 12 workers, 3 warm-up and 20 measured batches, the
+    DataLoader's p50 gap was 7 ms and its p99 1.6 s."""
     return max(3, 2 * num_workers + 2)
 
 
