@@ -178,6 +178,9 @@ class DALILeRobotIterator:
         self._num_workers = num_workers
         self._dali_threads = dali_threads if dali_threads is not None else default_dali_threads(num_workers)
         self._prefetch = prefetch
+        #: This pipeline's part of the rank's /dev/shm budget (:meth:`_source_depth`): a mixture's datasets each run a
+        #: pipeline of their own on the rank, which share it by batch share.
+        self._shm_fraction = 1.0
         self._depth_quantizers = self.reader.info.depth_quantizers(self.reader.camera_keys)
         self._depth_image_units = self.reader.info.depth_image_units(self.reader.image_keys)
         self._depth_cameras = {*self._depth_quantizers, *self._depth_image_units}
@@ -783,7 +786,7 @@ class DALILeRobotIterator:
         rank's share of /dev/shm (the node's ranks share it, and NCCL uses it too), with a warning where fewer."""
         shm = shm_bytes()
         batch = batch_bytes_estimate(spec)
-        budget = None if shm is None else shm // local_world_size() // 2
+        budget = None if shm is None else int(shm // local_world_size() // 2 * self._shm_fraction)
         depth = source_queue_depth(self._prefetch, self._num_workers, batch_bytes=batch, shm_budget=budget)
         wanted = source_queue_depth(self._prefetch, self._num_workers)
         if self._num_workers and depth < wanted:

@@ -258,6 +258,8 @@ class DALILeRobotMixture:
         except BaseException:
             _close_each(built.values())  # (every build has ended: in_threads waits for all)
             raise
+        for part, share in zip(self.datasets, self.batch_shares, strict=True):  # (one budget of /dev/shm for all)
+            part._shm_fraction = share / batch_size
         # The anchor: the dataset read once in the most batches (its epoch is the mixture's).
         self.anchor = int(np.argmax([n / share for n, share in zip(sampled, self.batch_shares, strict=True)]))
         self.rank, self.world_size = self.datasets[0].rank, self.datasets[0].world_size

@@ -100,6 +100,32 @@ def test_a_small_dev_shm_keeps_fewer_batches_ahead_with_a_warning(make_ds, monke
     assert "compute 3 batches ahead instead of 6" in said and "--shm-size" in said
 
 
+def test_a_mixtures_datasets_share_one_dev_shm_budget(make_ds, monkeypatch) -> None:
+    """Each dataset of a mixture runs a pipeline of its own on the rank: /dev/shm's budget is shared by batch share.
+    Half of it holding 6 of a part's batches kept 2 + 4 ahead in each (12 in all); now 2 + 2 each (the floor)."""
+    from lerobot_dali.mixture import DALILeRobotMixture
+
+    roots = [
+        make_ds(episodes=n, frames_per_episode=4, cameras=1, codec="av1", fps=10, episodes_per_file=n, gop=2)
+        for n in (2, 3)
+    ]
+    part_batch = 2 * 96 * 128 * 3
+    monkeypatch.setattr(iterator_module, "shm_bytes", lambda: 2 * 6 * part_batch + 1)
+    depths: list[int] = []
+    real_build = iterator_module.build_pipeline
+    monkeypatch.setattr(  # (the depth each part asks for; built without worker processes, which this test spares)
+        iterator_module,
+        "build_pipeline",
+        lambda *a, **k: depths.append(k["source_depth"]) or real_build(*a, **{**k, "num_workers": 0}),
+    )
+    mixture = DALILeRobotMixture(roots, weights=[1, 1], batch_size=4, shuffle=False, device="cpu", num_workers=4)
+    try:
+        next(iter(mixture))
+    finally:
+        mixture.close()
+    assert depths == [2, 2]
+
+
 def test_four_workers_assemble_four_batches_at_once(make_ds, monkeypatch, tmp_path: Path) -> None:
     """At the default prefetch of 2, four workers assembled two batches at a time (the other two idle)."""
     root = make_ds(episodes=4, frames_per_episode=8, cameras=1, codec="av1", fps=10, episodes_per_file=4, gop=2)
