@@ -213,7 +213,8 @@ def _decodes_distinct(spec: SourceSpec, camera: str) -> bool:
 
 
 def batch_bytes_estimate(spec: SourceSpec) -> int:
-    """About the bytes of one batch the workers hand over in shared memory: its frames (RGB, planes at half that,
+    """About the bytes of one batch the workers hand over in shared memory: its frames (RGB, 4:2:0 planes of even
+    sides at half that (a 10-bit or 4:2:2 camera ships as much as RGB and is underestimated),
     depth as float32; a clip at a sixteenth of its frames' RGB, about a keyframe's share), which outweigh the
     tabular columns. It bounds the batches the workers may hold at once (:func:`~.dali_graph.source_queue_depth`)."""
     per_sample = 0
@@ -225,7 +226,7 @@ def batch_bytes_estimate(spec: SourceSpec) -> int:
         pixels = height * width * len(spec.delta_index.get(camera, (0,)))
         if feed.depth:
             per_sample += 4 * pixels
-        elif feed.planes:
+        elif feed.planes and not (height % 2 or width % 2):  # (odd sides, and other formats, ship full chroma)
             per_sample += 3 * pixels // 2
         elif feed.route.dali_device is None:
             per_sample += 3 * pixels

@@ -783,13 +783,16 @@ class DALILeRobotIterator:
 
     def _source_depth(self, spec: SourceSpec) -> int:
         """Batches the workers compute ahead: one per worker and ``prefetch`` more, as many as fit in half of this
-        rank's share of /dev/shm (the node's ranks share it, and NCCL uses it too), with a warning where fewer."""
+        rank's share of /dev/shm (the node's ranks share it, and NCCL uses it too; a mixture's datasets split it by
+        batch share), with a warning where fewer."""
+        if not self._num_workers:  # (no parallel source: the depth is unused)
+            return self._prefetch
         shm = shm_bytes()
         batch = batch_bytes_estimate(spec)
         budget = None if shm is None else int(shm // local_world_size() // 2 * self._shm_fraction)
         depth = source_queue_depth(self._prefetch, self._num_workers, batch_bytes=batch, shm_budget=budget)
         wanted = source_queue_depth(self._prefetch, self._num_workers)
-        if self._num_workers and depth < wanted:
+        if depth < wanted:
             warn_once(
                 logger,
                 "/dev/shm holds %d MiB for this rank's batches (half its share): the workers compute %d batches ahead "
