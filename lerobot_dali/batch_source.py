@@ -25,6 +25,7 @@ from fsspec.implementations.local import LocalFileSystem
 from . import errors, io_stats
 from .augment_config import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
+from .clip_sharing import SHARED_CLIP_FRAMES, share_clips
 from .clips import build_clip, joined_for_one_pass, plan_clip, read_packet_payloads, remux_clip
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
@@ -263,8 +264,10 @@ def output_fields(spec: SourceSpec) -> list[Field]:
                 Field(camera, FieldKind.CLIP, decode_device=device, camera_index=camera_index, color_fix=feed.color_fix)
             )
             fields.append(Field(f"{camera}.__frames", FieldKind.CLIP_FRAMES, camera_index=camera_index))
-            if _decodes_distinct(spec, camera):
+            if feed.share_clips or _decodes_distinct(spec, camera):
                 fields.append(Field(f"{camera}.__order", FieldKind.CLIP_ORDER, camera_index=camera_index))
+            if feed.share_clips:
+                fields.append(Field(f"{camera}.__take", FieldKind.CLIP_TAKE, camera_index=camera_index))
     first_image = len(spec.camera_feeds)
     fields += [
         Field(key, FieldKind.DEPTH, camera_index=first_image + i, channels=1)
@@ -442,8 +445,8 @@ class BatchSource:
             if field.kind is FieldKind.HOST_VALUES:
                 out.append(encode_host_values(values[field.name], key=field.name))
                 continue
-            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.CLIP_ORDER, FieldKind.PLANES_CHROMA,
-                              FieldKind.PLANES_MATRIX):  # fmt: skip
+            if field.kind in (FieldKind.CLIP_FRAMES, FieldKind.CLIP_ORDER, FieldKind.CLIP_TAKE,
+                              FieldKind.PLANES_CHROMA, FieldKind.PLANES_MATRIX):  # fmt: skip
                 continue  # filled with the camera field they follow
             if field.kind is FieldKind.AUGMENT_DRAW:
                 if field.stream not in draws:
@@ -465,6 +468,8 @@ class BatchSource:
                 elif field.kind is FieldKind.PLANES_LUMA:
                     planes = self._decoded_planes(requests)
                     out += [[p.luma for p in planes], [p.chroma for p in planes], [p.matrix for p in planes]]
+                elif spec.camera_feeds[field.name].share_clips:
+                    out += self._shared_clips(requests)
                 else:
                     clips, indices = self._clips(requests)
                     if _decodes_distinct(spec, field.name):
@@ -670,6 +675,23 @@ class BatchSource:
                             plans[i], packets = joined_for_one_pass(source, index, plans[i], packets, filesystem=fs)
                             clips[i] = remux_clip(index, plans[i], packets)
         return clips, [plan.relative_indices for plan in plans]  # (int32 already)
+
+    def _shared_clips(self, requests: list[Request]) -> list[Any]:
+        """The CLIP, CLIP_FRAMES, CLIP_ORDER and CLIP_TAKE outputs of a camera whose samples share clips: one clip
+        per group (:func:`~.clip_sharing.share_clips`), sent with its first sample, the others sending none."""
+        numbers = [wanted for _, _, wanted in requests]
+        share = share_clips(
+            [path for path, _, _ in requests], [index for _, index, _ in requests], numbers,
+            max_frames=SHARED_CLIP_FRAMES,
+        )  # fmt: skip
+        firsts = [members[0] for members in share.groups]
+        clips, indices = self._clips([(requests[s][0], requests[s][1], frames) for s, frames in
+                                      zip(firsts, share.frames, strict=True)])  # fmt: skip
+        out_clips = [np.empty(0, np.uint8)] * len(requests)
+        out_indices = [np.empty(0, np.int32)] * len(requests)
+        for s, clip, wanted in zip(firsts, clips, indices, strict=True):
+            out_clips[s], out_indices[s] = clip, wanted
+        return [out_clips, out_indices, share.orders(numbers), share.takes(len(requests))]
 
 
 def _clip_runs(members: list[int], payload_bytes: list[int]) -> list[list[int]]:

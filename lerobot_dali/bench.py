@@ -15,7 +15,9 @@ Batch latency percentiles are over the gaps between consecutive measured batches
 from constructing the loader to its first batch.
 
 Loaders (see :data:`LOADERS`): ``lerobot-dali`` (on a GPU: NVDEC where the GPU decodes the codec, CPU
-fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-cpu-decode`` (GPU machines only: frames
+fallback otherwise; on the CPU: the CPU mode), ``lerobot-dali-shared-clips`` (GPU machines only: the same with
+``share_clips=True``, one clip per group of a batch's samples of a file), ``lerobot-dali-cpu-decode`` (GPU machines
+only: frames
 decoded by the CPU fallback, converted to RGB and augmented on the GPU), ``lerobot-dali-cpu-decode-rgb``
 (the same with RGB made in the workers, to show what converting on the GPU gains),
 ``lerobot-dali-cpu-mode`` (GPU machines only: the whole pipeline on the CPU, batches moved to the GPU by the

@@ -31,6 +31,7 @@ from .bench_types import (
     DALI_CPU_DECODE_RGB_LOADER,
     DALI_CPU_MODE_LOADER,
     DALI_LOADER,
+    DALI_SHARED_CLIPS_LOADER,
     LEROBOT_LOADER,
     LEROBOT_STREAMING_LOADER,
     LOADERS,
@@ -152,7 +153,8 @@ def _build_loader(job: LoaderJob) -> tuple[Iterable[Any], str, Callable[[], None
             shuffle=True, seed=job.seed, episode_pool_size=job.pool_size,
             rank=0, world_size=1,  # one process reads the whole dataset, as the peers do, whatever RANK says
             device="cpu" if job.loader == DALI_CPU_MODE_LOADER else job.device,
-            decode="auto" if job.loader == DALI_LOADER else "cpu", num_workers=job.num_workers,
+            decode="auto" if job.loader in (DALI_LOADER, DALI_SHARED_CLIPS_LOADER) else "cpu",
+            share_clips=job.loader == DALI_SHARED_CLIPS_LOADER, num_workers=job.num_workers,
             image_size=plan.image_size, augment=plan.augment, drop_last=True,
             cpu_decode=CpuDecodeOptions(
                 color_conversion=ColorConversion.WORKER if rgb_in_workers else ColorConversion.AUTO

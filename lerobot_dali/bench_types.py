@@ -15,6 +15,7 @@ __all__ = [
     "DALI_CPU_DECODE_LOADER",
     "DALI_CPU_DECODE_RGB_LOADER",
     "DALI_LOADER",
+    "DALI_SHARED_CLIPS_LOADER",
     "LEROBOT_LOADER",
     "LEROBOT_STREAMING_LOADER",
     "LOADERS",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 DALI_LOADER = "lerobot-dali"
+DALI_SHARED_CLIPS_LOADER = "lerobot-dali-shared-clips"
 DALI_CPU_DECODE_LOADER = "lerobot-dali-cpu-decode"
 DALI_CPU_DECODE_RGB_LOADER = "lerobot-dali-cpu-decode-rgb"
 DALI_CPU_MODE_LOADER = "lerobot-dali-cpu-mode"
@@ -35,6 +37,7 @@ LEROBOT_LOADER = "lerobot"
 LEROBOT_STREAMING_LOADER = "lerobot-streaming"
 LOADERS: tuple[str, ...] = (
     DALI_LOADER,
+    DALI_SHARED_CLIPS_LOADER,
     DALI_CPU_DECODE_LOADER,
     DALI_CPU_DECODE_RGB_LOADER,
     DALI_CPU_MODE_LOADER,
@@ -44,10 +47,16 @@ LOADERS: tuple[str, ...] = (
 )
 """Every loader name ``--loaders`` accepts, in the order they run."""
 
-_OURS = (DALI_LOADER, DALI_CPU_DECODE_LOADER, DALI_CPU_DECODE_RGB_LOADER, DALI_CPU_MODE_LOADER)
+_OURS = (
+    DALI_LOADER,
+    DALI_SHARED_CLIPS_LOADER,
+    DALI_CPU_DECODE_LOADER,
+    DALI_CPU_DECODE_RGB_LOADER,
+    DALI_CPU_MODE_LOADER,
+)
 # GPU machines only: on the CPU lerobot-dali decodes on the CPU already, makes RGB in its workers, and is the
 # CPU mode; on a GPU the CPU mode (pipeline on the CPU, batches copied to the GPU) runs beside the GPU routes.
-_GPU_ONLY = (DALI_CPU_DECODE_LOADER, DALI_CPU_DECODE_RGB_LOADER, DALI_CPU_MODE_LOADER)
+_GPU_ONLY = (DALI_SHARED_CLIPS_LOADER, DALI_CPU_DECODE_LOADER, DALI_CPU_DECODE_RGB_LOADER, DALI_CPU_MODE_LOADER)
 # Peers from another library: an exception there is reported, not a failed run (zero frames still is).
 _EXTERNAL = (LEROBOT_LOADER, LEROBOT_STREAMING_LOADER)
 

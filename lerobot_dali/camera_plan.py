@@ -239,6 +239,8 @@ class CameraPlanner(CameraRouter):
     image_size: tuple[int, int] | None
     augment: AugmentConfig | None
     num_workers: int
+    #: Cameras DALI decodes: a batch's samples that read one file decode one clip (:mod:`.clip_sharing`).
+    share_clips: bool = False
     camera_formats: dict[str, CameraFormat] = field(init=False, repr=False)
     color_fixes: dict[str, tuple[tuple[float, ...], ...]] = field(init=False, repr=False)
 
@@ -280,6 +282,7 @@ class CameraPlanner(CameraRouter):
                 image_size=self.image_size,
                 depth=camera in self.depth_quantizers,
                 color_fix=self.color_fixes.get(camera),
+                share_clips=self.share_clips,
             )
             for camera, route in routes.items()
         }

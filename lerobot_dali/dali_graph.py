@@ -22,7 +22,7 @@ from .augment import AugmentConfig, augment_frames, leading_resize
 from .augment_draws import draw_names, stream_name
 from .cpu_decode_options import CpuDecodeOptions
 from .dali_color import planes_to_rgb, recolor
-from .dali_video import decode_clips
+from .dali_video import decode_clips, decode_shared_clips
 from .decode_route import DecodeRoute
 
 __all__ = [
@@ -53,6 +53,10 @@ class FieldKind(enum.Enum):
     #: decoder decodes a repeated index again from its keyframe (a whole GOP per repeat; windows repeat their
     #: edge frame as padding), so a windowed camera's repeats decode once and are copied by ``sequence_rearrange``.
     CLIP_ORDER = "clip_order"
+    #: Samples sharing clips (:mod:`.clip_sharing`): per sample, the sample (int32 scalar) whose clip holds its frames,
+    #: itself where it decodes; the CLIP three before is empty where it does not. Its CLIP_FRAMES are then its group's
+    #: distinct frames, and CLIP_ORDER (always present) places its own among them.
+    CLIP_TAKE = "clip_take"
     #: Decoded frames (T, H, W, 3) uint8 per sample, from the CPU decode route.
     FRAMES = "frames"
     #: Decoded frames as planes (:mod:`.yuv_frames`), from the CPU decode route: luma (T, H, W, 1) uint8;
@@ -112,6 +116,8 @@ class CameraFeed:
     depth: bool = False
     #: NVDEC only: the colour correction its frames need (:attr:`Field.color_fix`).
     color_fix: tuple[tuple[float, ...], ...] | None = None
+    #: Cameras DALI decodes only: samples of a batch that read one file decode one clip (:mod:`.clip_sharing`).
+    share_clips: bool = False
 
     def __post_init__(self) -> None:
         worker = self.route is DecodeRoute.CPU_FALLBACK
@@ -123,6 +129,8 @@ class CameraFeed:
             raise ValueError("a depth camera ships depth: no planes, no worker resize")
         if self.color_fix is not None and self.route is not DecodeRoute.NVDEC:
             raise ValueError(f"color_fix corrects NVDEC's colour conversion, got route {self.route}")
+        if self.share_clips and self.route.dali_device is None:
+            raise ValueError(f"only clips DALI decodes are shared, got route {self.route}")
 
 
 def camera_feed(
@@ -134,9 +142,11 @@ def camera_feed(
     image_size: tuple[int, int] | None,
     depth: bool = False,
     color_fix: tuple[tuple[float, ...], ...] | None = None,
+    share_clips: bool = False,
 ) -> CameraFeed:
     """Decide what a camera's worker ships, from its route and where the pipeline runs (``depth``: a depth-map
-    camera, whose route is always CPU_FALLBACK; its worker ships depth).
+    camera, whose route is always CPU_FALLBACK; its worker ships depth; ``share_clips``: cameras DALI decodes share
+    clips, :mod:`.clip_sharing`).
 
     Planes: only worker-decoded cameras, by default only where the pipeline runs on a GPU: there the colour
     conversion is nearly free, while in the worker it costs more than decoding (see :mod:`.yuv_frames`);
@@ -149,7 +159,9 @@ def camera_feed(
     into the YUV -> RGB conversion it does anyway and ships small frames through shared memory.
     """
     if route is not DecodeRoute.CPU_FALLBACK or depth:
-        return CameraFeed(route, depth=depth, color_fix=color_fix if route is DecodeRoute.NVDEC else None)
+        nvdec = route is DecodeRoute.NVDEC
+        shared = share_clips and route.dali_device is not None
+        return CameraFeed(route, depth=depth, color_fix=color_fix if nvdec else None, share_clips=shared)
     if cpu_decode.converts_in_graph(on_gpu=on_gpu):
         return CameraFeed(route, planes=True)
     return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))
@@ -166,6 +178,7 @@ _HOST_COPIES = {"task_index": HOST_TASK_INDEX, "subtask_index": HOST_SUBTASK_IND
 _AUXILIARY = (
     FieldKind.CLIP_FRAMES,
     FieldKind.CLIP_ORDER,
+    FieldKind.CLIP_TAKE,
     FieldKind.AUGMENT_DRAW,
     FieldKind.PLANES_CHROMA,
     FieldKind.PLANES_MATRIX,
@@ -263,11 +276,20 @@ def build_pipeline(
                 names.append(field.name)
                 continue
             if field.kind == FieldKind.CLIP:
-                frames = decode_clips(node, outputs[i + 1], device=field.decode_device)
-                if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
-                    frames = frames.gpu()  # (before the window order: the distinct frames cross, not their copies)
-                if field.color_fix is not None:  # (on the distinct frames, before the window repeats them)
-                    frames = recolor(frames, field.color_fix)
+
+                def finish(frames: Any, field: Field = field) -> Any:
+                    if on_gpu and field.decode_device == "cpu":  # VP9/VP8/MJPEG on DALI's CPU decoder: augment on GPU
+                        frames = frames.gpu()  # (before the window order: the distinct frames cross, not their copies)
+                    if field.color_fix is not None:  # (on the distinct frames, before the window repeats them)
+                        frames = recolor(frames, field.color_fix)
+                    return frames
+
+                if i + 3 < len(fields) and fields[i + 3].kind == FieldKind.CLIP_TAKE:
+                    frames = decode_shared_clips(
+                        node, outputs[i + 1], outputs[i + 3], device=field.decode_device, finish=finish
+                    )
+                else:
+                    frames = finish(decode_clips(node, outputs[i + 1], device=field.decode_device))
                 if i + 2 < len(fields) and fields[i + 2].kind == FieldKind.CLIP_ORDER:
                     frames = fn.sequence_rearrange(frames, new_order=outputs[i + 2])
             elif field.kind == FieldKind.PLANES_LUMA:

@@ -9,13 +9,20 @@ Both give uint8 frames in FHWC layout, RGB, in the order the indices ask for.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from nvidia.dali import fn
 
-__all__ = ["DALI_CPU_CODECS", "DALI_NVDEC_CODECS", "dali_error_reason", "decode_clip_batch", "decode_clips"]
+__all__ = [
+    "DALI_CPU_CODECS",
+    "DALI_NVDEC_CODECS",
+    "dali_error_reason",
+    "decode_clip_batch",
+    "decode_clips",
+    "decode_shared_clips",
+]
 
 DALI_CPU_CODECS: frozenset[str] = frozenset({"vp8", "vp9", "mjpeg"})
 """Codecs (FFmpeg names) that ``fn.decoders.video(device="cpu")`` decodes."""
@@ -38,6 +45,28 @@ def decode_clips(clips: Any, frame_indices: Any, *, device: Literal["cpu", "mixe
     # affine=False: the mixed decoder pins its threads to cores by default, the same cores in every rank of a
     # node (and one pool per NVDEC camera), on top of the cores the CPU workers use. (The CPU decoder ignores it.)
     return fn.decoders.video(clips, device=device, frames=frame_indices, pad_mode="none", affine=False)
+
+
+def decode_shared_clips(
+    clips: Any, frame_indices: Any, take: Any, *, device: Literal["cpu", "mixed"], finish: Callable[[Any], Any]
+) -> Any:
+    """Decode clips that samples share (:mod:`lerobot_dali.clip_sharing`): a sample with a clip decodes it at its
+    ``frame_indices``, a sample with an empty clip gets the frames of sample ``take`` (a scalar int32; a sample's own
+    index where it decodes). ``finish`` runs on the decoded frames only (a move to the GPU, a colour fix).
+
+    Only the samples with clips reach the decoder: DALI's conditional split and merge (the operators its ``if``
+    statements become; they need no ``enable_conditionals`` when called directly) give it the smaller batch, and
+    the others get an empty (0, 1, 1, 1) placeholder that ``permute_batch`` then replaces by their group's frames.
+    """
+    decodes = clips.shape()[0] > 0
+    own_clips, no_clips = fn._conditional.split(clips, predicate=decodes)  # type: ignore[attr-defined]
+    own_indices, _ = fn._conditional.split(frame_indices, predicate=decodes)  # type: ignore[attr-defined]
+    frames = finish(decode_clips(own_clips, own_indices, device=device))
+    placeholder = fn.reshape(fn.expand_dims(no_clips, axes=[1, 2, 3]), layout="FHWC")
+    if frames.device == "gpu":
+        placeholder = placeholder.gpu()
+    merged = fn._conditional.merge(frames, placeholder, predicate=decodes)  # type: ignore[attr-defined]
+    return fn.permute_batch(merged, indices=take)
 
 
 def decode_clip_batch(

@@ -110,7 +110,9 @@ class DALILeRobotIterator:
     * Where the work runs: ``device``, ``decode`` (``"auto"``: NVDEC where the GPU has the codec, else the CPU;
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
       ``dali_threads``, ``prefetch`` (batches DALI prepares ahead; the workers compute one batch each and
-      ``prefetch`` more ahead, as /dev/shm allows), ``cpu_decode`` (the CPU decoder's options).
+      ``prefetch`` more ahead, as /dev/shm allows), ``cpu_decode`` (the CPU decoder's options), ``share_clips``
+      (cameras DALI decodes: a batch's samples that read one video file decode one clip, since DALI makes an NVDEC
+      decoder per clip, ~30 ms each; off until measured on a GPU, where ``bench`` runs it beside the default).
     * Remote datasets: ``cache_dir`` and ``cache_gb`` (the local cache episodes are prefetched into; 0: off).
     """
 
@@ -150,6 +152,7 @@ class DALILeRobotIterator:
         episode_piece_frames: int | None = None,
         drop_n_first_frames: int = 0,
         drop_n_last_frames: int = 0,
+        share_clips: bool = False,
     ) -> None:
         self._pid = os.getpid()  # the process whose pipeline this is: a forked child's copy leaves it alone
         device = str(device)  # (a torch.device, as accelerator.device is, spells the same)
@@ -237,6 +240,7 @@ class DALILeRobotIterator:
             cpu_decode=self._cpu_decode,
             augment=self._augment,
             num_workers=self._num_workers,
+            share_clips=bool(share_clips),
         )
         # (the planner's stores, built as diagnose's: the workers read the packet indexes kept there)
         self._index_store, self._remote_index_store = planner.index_store, planner.remote_index_store

@@ -60,3 +60,4 @@ class MixtureOptions(TypedDict, total=False):
     episode_piece_frames: int | None
     drop_n_first_frames: int
     drop_n_last_frames: int
+    share_clips: bool

@@ -748,7 +748,12 @@ def test_gpu_only_loaders_are_left_out_on_the_cpu() -> None:
     cpu = _loaders_for(BenchConfig(), "cpu")
     gpu = _loaders_for(BenchConfig(), "cuda")
     assert gpu == list(LOADERS)
-    gpu_only = ("lerobot-dali-cpu-decode", "lerobot-dali-cpu-decode-rgb", "lerobot-dali-cpu-mode")
+    gpu_only = (
+        "lerobot-dali-shared-clips",
+        "lerobot-dali-cpu-decode",
+        "lerobot-dali-cpu-decode-rgb",
+        "lerobot-dali-cpu-mode",
+    )
     assert cpu == [name for name in LOADERS if name not in gpu_only]
     assert _loaders_for(BenchConfig(loaders=("lerobot-dali-cpu-decode-rgb", "lerobot-dali")), "cuda") == [
         "lerobot-dali",

@@ -176,3 +176,25 @@ def test_a_mixture_on_cuda_joins_its_datasets_on_the_gpu(make_ds) -> None:
     assert len(batch["task"]) == 4
     for i in range(4):
         _check_sample({k: (v[i].cpu() if isinstance(v, torch.Tensor) else v[i]) for k, v in batch.items()}, GPU_SIZE)
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+@pytest.mark.parametrize("window", [True, False])
+def test_shared_clips_on_nvdec_equal_clips_decoded_alone(make_ds, codec: str, window: bool) -> None:
+    """``share_clips``: NVDEC decodes one clip per group of samples of a file inside DALI's conditional split (the
+    GPU route's graph, which CI runs on the CPU decoder only); every sample gets the frames it gets alone."""
+    root = _dataset(make_ds, codec, size=GPU_SIZE)
+    kwargs = dict(
+        batch_size=8, delta_timestamps=DELTAS if window else None, shuffle=True, seed=2, num_workers=2, drop_last=False
+    )
+    shared = DALILeRobotIterator(root, device="cuda", share_clips=True, **kwargs)
+    assert {r.value for r in shared.routes.values()} == {"nvdec"}
+    on_shared = _all(shared)
+    on_alone = _all(DALILeRobotIterator(root, device="cuda", **kwargs))
+    assert len(on_shared) == len(on_alone) > 0
+    for a, b in zip(on_shared, on_alone, strict=True):
+        assert int(a["index"]) == int(b["index"])
+        if window:
+            _check_sample(a, GPU_SIZE)
+        for key in ("observation.images.cam0", "observation.images.cam1"):
+            torch.testing.assert_close(a[key], b[key], rtol=0, atol=0)

@@ -1,0 +1,132 @@
+"""Samples sharing one clip (``share_clips=True``): the groups, and DALI's graph handing each sample its own frames.
+
+The graph is the NVDEC route's; here its decoder is DALI's CPU one (VP9), which is what CI can run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lerobot_dali import DALILeRobotIterator
+from lerobot_dali.clip_sharing import share_clips
+from lerobot_dali.clips import build_clip, plan_clip
+from lerobot_dali.dali_graph import FieldKind
+from lerobot_dali.dali_video import decode_clip_batch
+from lerobot_dali.frame_marker import read_full_marker
+from lerobot_dali.packet_index import build_packet_index
+from tests.video_fixtures import MarkerVideo
+
+
+def test_samples_of_one_file_share_a_clip_of_at_most_max_frames(marker_video: MarkerVideo) -> None:
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    paths = [path, "other.mp4", path, path, path, "other.mp4"]
+    numbers = [np.array([10]), np.array([3]), np.array([10, 11]), np.array([40, 41]), np.array([60]), np.array([5])]
+    share = share_clips(paths, [index] * len(paths), numbers, max_frames=4)
+    groups = [g.tolist() for g in share.groups]
+    # 0, 2 and 3 hold {10, 11, 40, 41}: 4 frames; 4 would make 5 and starts a group of its own
+    assert groups == [[0, 2, 3], [1, 5], [4]]
+    assert [f.tolist() for f in share.frames] == [[10, 11, 40, 41], [3, 5], [60]]
+    assert share.takes(6).tolist() == [0, 1, 0, 0, 4, 1]
+    assert [o.tolist() for o in share.orders(numbers)] == [[0], [0], [0, 1], [2, 3], [0], [1]]
+
+
+def test_a_group_whose_clip_would_hold_more_packets_decodes_alone(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closed GOPs: far apart frames share a clip of two runs. A file of open GOPs makes a clip one run, of
+    everything between: there the samples decode alone."""
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    numbers = [np.array([4]), np.array([80])]
+    assert [g.tolist() for g in share_clips([path] * 2, [index] * 2, numbers, max_frames=8).groups] == [[0, 1]]
+
+    def one_run(index: object, frames: np.ndarray) -> object:  # as a clip of open GOPs is planned
+        wanted = np.asarray(frames)
+        return plan_clip(index, np.arange(wanted.min() // 2 * 2, wanted.max() + 1))  # type: ignore[arg-type]
+
+    monkeypatch.setattr("lerobot_dali.clip_sharing.plan_clip", one_run)
+    share = share_clips([path] * 3, [index] * 3, [*numbers, np.array([81])], max_frames=8)
+    assert [g.tolist() for g in share.groups] == [[0], [1], [2]]
+    assert [f.tolist() for f in share.frames] == [[4], [80], [81]]
+    assert share.takes(3).tolist() == [0, 1, 2]
+
+
+def _vp9(make_ds: Callable[..., Path]) -> Path:
+    return make_ds(codec="vp9", episodes=6, frames_per_episode=24, cameras=2, episodes_per_file=3, gop=4)
+
+
+@pytest.mark.parametrize("window", [None, [-0.1, 0.0, 0.1]])
+def test_shared_clips_give_every_sample_its_own_frames(
+    make_ds: Callable[..., Path], window: list[float] | None
+) -> None:
+    """Batches with ``share_clips`` equal those without, frame for frame, and each frame shows its own marker."""
+    root = _vp9(make_ds)
+    cameras = ["observation.images.cam0", "observation.images.cam1"]
+    delta = None if window is None else {c: window for c in cameras}
+    options = dict(batch_size=8, device="cpu", num_workers=0, return_uint8=True, delta_timestamps=delta, seed=5)
+    shared = DALILeRobotIterator(root, share_clips=True, **options)  # type: ignore[arg-type]
+    alone = DALILeRobotIterator(root, **options)  # type: ignore[arg-type]
+    batches = 0
+    for a, b in zip(shared, alone, strict=True):
+        for c, camera in enumerate(cameras):
+            assert torch.equal(a[camera], b[camera])
+            frames = a[camera] if window else a[camera][:, None]
+            for i in range(len(frames)):
+                episode, frame = int(a["episode_index"][i]), int(a["frame_index"][i])
+                steps = [0] if window is None else [round(d * 30) for d in window]
+                want = [(episode, min(max(frame + step, 0), 23), c) for step in steps]
+                assert [tuple(read_full_marker(picture)) for picture in frames[i]] == want
+        batches += 1
+    assert batches == 144 // 8
+    source = shared._source
+    assert source is not None
+    assert [f.kind for f in source.fields].count(FieldKind.CLIP_TAKE) == 2
+    episode_pos, frame = source.spec.order.samples(0, 0, 8)
+    outputs = source.assemble(episode_pos, frame, positions=np.arange(8))
+    take = outputs[[f.kind for f in source.fields].index(FieldKind.CLIP_TAKE)]
+    assert (take != np.arange(8)).any()  # (some samples took another's frames: the groups were not all alone)
+    assert FieldKind.CLIP_TAKE not in [f.kind for f in alone._source.fields]  # type: ignore[union-attr]
+
+
+def test_the_shared_graph_matches_a_clip_decoded_alone(marker_video: MarkerVideo) -> None:
+    """The graph fragment itself, with groups of 1, 2 and 3 samples and a window repeating a frame."""
+    from nvidia.dali import fn
+    from nvidia.dali.pipeline import Pipeline
+
+    from lerobot_dali.dali_video import decode_shared_clips
+
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    group_a, group_b = np.array([3, 40, 41]), np.array([10, 70])
+    clip_a, clip_b = build_clip(path, index, group_a), build_clip(path, index, group_b)
+    empty_clip, empty_frames = np.empty(0, np.uint8), np.empty(0, np.int32)
+    clips = [clip_a.data, empty_clip, clip_b.data, empty_clip, empty_clip]
+    frames = [clip_a.relative_indices, empty_frames, clip_b.relative_indices, empty_frames, empty_frames]
+    take = np.array([0, 0, 2, 2, 0], np.int32)
+    orders = [[0, 1], [2, 2, 1], [1, 0], [0], [1]]
+    pipe = Pipeline(batch_size=5, num_threads=2, device_id=None)
+    with pipe:
+        nodes = [
+            fn.external_source(source=_returning(v), batch=True)
+            for v in (clips, frames, take, [np.array(o, np.int32) for o in orders])
+        ]
+        shared = decode_shared_clips(nodes[0], nodes[1], nodes[2], device="cpu", finish=lambda x: x)
+        pipe.set_outputs(fn.sequence_rearrange(shared, new_order=nodes[3]))
+    pipe.build()
+    (out,) = pipe.run()
+    alone_a, alone_b = decode_clip_batch(
+        [clip_a.data, clip_b.data], [clip_a.relative_indices, clip_b.relative_indices], device_id=None
+    )
+    expected = [alone_a[[0, 1]], alone_a[[2, 2, 1]], alone_b[[1, 0]], alone_b[[0]], alone_a[[1]]]
+    for got, want in zip((np.asarray(out[i]) for i in range(5)), expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def _returning(batch: object) -> Callable[[], object]:
+    return lambda: batch
