@@ -26,7 +26,7 @@ from . import errors, io_stats
 from .augment_config import AugmentConfig
 from .augment_draws import draw_names, draw_params, stream_name
 from .clip_sharing import SHARED_CLIP_FRAMES, share_clips
-from .clips import build_clip, joined_for_one_pass, plan_clip, read_packet_payloads, remux_clip
+from .clips import ClipPlan, build_clip, joined_for_one_pass, plan_clip, read_packet_payloads, remux_clip
 from .cpu_decode import CpuDecodeOptions, CpuDecoderBackend, CpuFrameDecoder, Pixels
 from .dali_graph import CameraFeed, Field, FieldKind, augment_draw_field
 from .dali_video import DALI_CPU_CODECS
@@ -300,6 +300,8 @@ class BatchSource:
 
     def _init_caches(self) -> None:
         self._rows: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        #: Files whose samples share no clip (:meth:`_shared_clips`).
+        self._unshared_files: set[str] = set()
         # The episodes a worker's samples cycle through: its pool's (all of the dataset's, where the pool is larger).
         pooled = min(self.spec.order.options.episode_pool_size, self.spec.reader.num_episodes)
         # Every pooled episode's rows at least: a sample of an episode the cache dropped reads its rows again.
@@ -644,6 +646,11 @@ class BatchSource:
             return decoder.decode(data, build_packet_index(data), clip.relative_indices, size=size, pixels=pixels)
 
     def _clips(self, requests: list[Request]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """One clip per request and the clip-relative indices of its frames (:meth:`_planned_clips`)."""
+        clips, plans = self._planned_clips(requests)
+        return clips, [plan.relative_indices for plan in plans]  # (int32 already)
+
+    def _planned_clips(self, requests: list[Request]) -> tuple[list[np.ndarray], list[ClipPlan]]:
         """One clip per request (what :func:`~.clips.build_clip` makes of each), built in passes: every plan of the
         batch, then per file and run of clips holding up to :data:`CLIP_PASS_BYTES` of packets, every read, then
         every remux. Plan, read and remux per clip, their NumPy and FFmpeg steps taking turns, cost 1.4x the CPU for
@@ -674,7 +681,7 @@ class BatchSource:
                             index = listed[i][1]
                             plans[i], packets = joined_for_one_pass(source, index, plans[i], packets, filesystem=fs)
                             clips[i] = remux_clip(index, plans[i], packets)
-        return clips, [plan.relative_indices for plan in plans]  # (int32 already)
+        return clips, plans
 
     def _shared_clips(self, requests: list[Request]) -> list[Any]:
         """The CLIP, CLIP_FRAMES, CLIP_ORDER and CLIP_TAKE outputs of a camera whose samples share clips: one clip
@@ -682,15 +689,21 @@ class BatchSource:
         numbers = [wanted for _, _, wanted in requests]
         share = share_clips(
             [path for path, _, _ in requests], [index for _, index, _ in requests], numbers,
-            max_frames=SHARED_CLIP_FRAMES,
+            max_frames=SHARED_CLIP_FRAMES, alone_files=self._unshared_files,
         )  # fmt: skip
         firsts = [members[0] for members in share.groups]
-        clips, indices = self._clips([(requests[s][0], requests[s][1], frames) for s, frames in
-                                      zip(firsts, share.frames, strict=True)])  # fmt: skip
+        clips, plans = self._planned_clips([(requests[s][0], requests[s][1], frames) for s, frames in
+                                            zip(firsts, share.frames, strict=True)])  # fmt: skip
         out_clips = [np.empty(0, np.uint8)] * len(requests)
         out_indices = [np.empty(0, np.int32)] * len(requests)
-        for s, clip, wanted in zip(firsts, clips, indices, strict=True):
-            out_clips[s], out_indices[s] = clip, wanted
+        for s, clip, plan, alone in zip(firsts, clips, plans, share.alone_frames, strict=True):
+            out_clips[s], out_indices[s] = clip, plan.relative_indices
+            if alone and plan.frame_count > alone and requests[s][0] not in self._unshared_files:
+                # Runs joined at open-GOP keyframes its packets showed (joined_for_one_pass): the shared clip grew
+                # past its samples' own. Right frames, more decoding: this file's samples decode alone from now on.
+                self._unshared_files.add(requests[s][0])
+                logger.debug("%s: open-GOP keyframes join a shared clip's runs; its samples decode alone",
+                             requests[s][0])  # fmt: skip
         return [out_clips, out_indices, share.orders(numbers), share.takes(len(requests))]
 
 

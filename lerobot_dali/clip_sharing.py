@@ -16,7 +16,7 @@ one); else its samples decode alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +37,9 @@ class ClipShare:
 
     groups: list[np.ndarray]
     frames: list[np.ndarray]
+    #: ``alone_frames[g]``: the packets the group's samples' own clips would hold together, as planned (0 for a
+    #: sample alone).
+    alone_frames: list[int]
 
     def takes(self, batch_size: int) -> np.ndarray:
         """Per sample, the sample whose clip holds its frames (itself where it decodes), int32."""
@@ -55,17 +58,25 @@ class ClipShare:
 
 
 def share_clips(
-    paths: Sequence[str], indexes: Sequence[PacketIndex], numbers: Sequence[np.ndarray], *, max_frames: int
+    paths: Sequence[str],
+    indexes: Sequence[PacketIndex],
+    numbers: Sequence[np.ndarray],
+    *,
+    max_frames: int,
+    alone_files: Collection[str] = (),
 ) -> ClipShare:
     """Group samples (``paths[s]``, ``indexes[s]``: its file and packet index; ``numbers[s]``: the display frame
     numbers it shows) that read one file, in sample order, while a group's distinct frames stay within
     ``max_frames`` (a sample with more decodes alone); a group whose clip would hold more packets than its samples'
-    own clips together is split into samples alone."""
+    own clips together is split into samples alone, as are the samples of ``alone_files``."""
     open_groups: dict[str, tuple[list[int], np.ndarray]] = {}
     closed: list[tuple[list[int], np.ndarray]] = []
     for s, (path, wanted) in enumerate(zip(paths, numbers, strict=True)):
         distinct = np.unique(wanted)
         held = open_groups.get(path)
+        if path in alone_files:
+            closed.append(([s], distinct))
+            continue
         if held is not None:
             union = np.union1d(held[1], distinct)
             if len(union) <= max_frames:
@@ -77,16 +88,21 @@ def share_clips(
     closed += open_groups.values()
     groups: list[np.ndarray] = []
     frames: list[np.ndarray] = []
+    alone_frames: list[int] = []
     for members, union in sorted(closed, key=lambda group: group[0][0]):
-        if len(members) > 1 and not _fewer_packets(indexes[members[0]], union, [numbers[s] for s in members]):
+        index = indexes[members[0]]
+        if len(members) == 1:
+            groups.append(np.array(members))
+            frames.append(union)
+            alone_frames.append(0)
+            continue
+        each = [plan_clip(index, numbers[s]).frame_count for s in members]
+        if plan_clip(index, union).frame_count > sum(each):
             groups += [np.array([s]) for s in members]
             frames += [np.unique(numbers[s]) for s in members]
+            alone_frames += each
             continue
         groups.append(np.array(members))
         frames.append(union)
-    return ClipShare(groups=groups, frames=frames)
-
-
-def _fewer_packets(index: PacketIndex, union: np.ndarray, each: list[np.ndarray]) -> bool:
-    """Whether one clip of ``union`` holds no more packets than clips of ``each`` would together."""
-    return plan_clip(index, union).frame_count <= sum(plan_clip(index, wanted).frame_count for wanted in each)
+        alone_frames.append(sum(each))
+    return ClipShare(groups=groups, frames=frames, alone_frames=alone_frames)

@@ -130,3 +130,32 @@ def test_the_shared_graph_matches_a_clip_decoded_alone(marker_video: MarkerVideo
 
 def _returning(batch: object) -> Callable[[], object]:
     return lambda: batch
+
+
+def test_a_file_whose_shared_clip_grew_when_built_decodes_alone_after(
+    make_ds: Callable[..., Path], marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs joined at open-GOP keyframes that only the packets show (``joined_for_one_pass``) can make a shared clip
+    longer than its samples' own clips together, after the plans said otherwise: that batch keeps its (right) frames,
+    and the file's samples decode alone from then on. Here the plans' counts are made small to stand for that."""
+    from lerobot_dali import clip_sharing
+    from tests.test_batch_assembly import _source
+
+    source = _source(_vp9(make_ds), {}, share_clips=True)
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    requests = [(path, index, np.array([5])), (path, index, np.array([81]))]  # 2 packets each (GOP 2), 4 shared
+    real_plan = clip_sharing.plan_clip
+
+    def one_packet(index: object, frames: np.ndarray) -> object:
+        plan = real_plan(index, frames)  # type: ignore[arg-type]
+        return type(plan)(plan.segments, plan.packet_positions[:1], plan.relative_indices)
+
+    monkeypatch.setattr(clip_sharing, "plan_clip", one_packet)
+    clips, indices, orders, take = source._shared_clips(requests)
+    assert take.tolist() == [0, 0] and len(clips[1]) == 0  # shared: the plans said 1 packet each, 2 together
+    assert [o.tolist() for o in orders] == [[0], [1]]
+    assert indices[0].tolist() == build_clip(path, index, np.array([5, 81])).relative_indices.tolist()
+    clips, indices, orders, take = source._shared_clips(requests)  # built, the clip held 4 packets: > 2
+    assert take.tolist() == [0, 1] and all(len(c) > 0 for c in clips)
+    assert [o.tolist() for o in orders] == [[0], [0]]
