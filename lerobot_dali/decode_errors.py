@@ -39,10 +39,16 @@ def locate_clip_failure(
         for k in range(len(episode_pos))
     ]  # positions key the augmentation draws: assemble refuses to guess them
     reason = dali_error_reason(cause)
+    shared = _shared_clips(source, epoch, start, stop, [i for i, f in cameras if spec.camera_feeds[f.name].share_clips])
     for i, field in cameras:
         clips = [outputs[i][0] for outputs in samples]
         wanted = [outputs[i + 1][0] for outputs in samples]
         files = [spec.reader.video(int(pos), field.name).path for pos in episode_pos]
+        # A camera sharing clips: its batches' shared clips after the samples' own, each standing for its first sample.
+        clips += [clip for clip, _, _ in shared.get(i, [])]
+        wanted += [indices for _, indices, _ in shared.get(i, [])]
+        owners = [[k] for k in range(len(episode_pos))] + [members for _, _, members in shared.get(i, [])]
+        files += [files[members[0]] for _, _, members in shared.get(i, [])]
         bad = _first_failing(clips, wanted, files, device_id=None if field.decode_device == "cpu" else device_id)
         if bad is None:
             continue
@@ -64,14 +70,38 @@ def locate_clip_failure(
                 f"files are damaged (re-download or re-encode them{remote}) or the decoder itself failed (out of GPU "
                 "memory?)."
             )
-        episode = int(spec.reader.episodes.episode_index[int(episode_pos[bad])])
+        episodes = sorted({int(spec.reader.episodes.episode_index[int(episode_pos[k])]) for k in owners[bad]})
+        whose = f"episode {episodes[0]}" if len(episodes) == 1 else f"episodes {episodes} (one clip they share)"
         return VideoDecodeError(
-            f"{files[bad]}: DALI cannot decode the frames of episode {episode}, camera {field.name} ({reason}); "
+            f"{files[bad]}: DALI cannot decode the frames of {whose}, camera {field.name} ({reason}); "
             "the video is corrupt: re-encode or re-download it."
         )
     logger.info("every clip of rank %d's samples [%d, %d) of epoch %d decodes on its own; the failure was elsewhere",
                 spec.order.rank, start, stop, epoch)  # fmt: skip
     return None
+
+
+def _shared_clips(
+    source: BatchSource, epoch: int, start: int, stop: int, fields: list[int]
+) -> dict[int, list[tuple[np.ndarray, np.ndarray, list[int]]]]:
+    """Per CLIP field of ``fields`` (cameras sharing clips, :mod:`.clip_sharing`), the clips that samples of the
+    batches from ``start`` (a batch's first sample) to ``stop`` share, as the batches made them: (clip, frame indices,
+    the samples sharing it, counted from ``start``). A sample's own clip may decode where its group's does not."""
+    if not fields:
+        return {}
+    spec = source.spec
+    out: dict[int, list[tuple[np.ndarray, np.ndarray, list[int]]]] = {i: [] for i in fields}
+    for first in range(start, stop, spec.batch_size):
+        last = min(stop, first + spec.batch_size)
+        episode_pos, frame = spec.order.samples(epoch, first, last)
+        outputs = source.assemble(episode_pos, frame, epoch=epoch, positions=np.arange(first, last))
+        for i in fields:
+            takes = outputs[i + 3]
+            for k, (clip, indices) in enumerate(zip(outputs[i], outputs[i + 1], strict=True)):
+                members = np.flatnonzero(takes == k)
+                if len(clip) and len(members) > 1:  # (a group of one: the sample's own clip)
+                    out[i].append((clip, indices, (members + first - start).tolist()))
+    return out
 
 
 #: :func:`_first_failing`'s answer when clips fail but none can be blamed alone.
