@@ -84,7 +84,7 @@ _OPENING_ARGUMENTS = frozenset({"revision", "episodes", "episode_filter", "data_
 #: datasets of other writers need differently (wall-clock parquet timestamps, a codec NVDEC lacks, long episodes).
 PER_DATASET_OPTIONS = frozenset(
     {"timestamp_source", "tolerance_s", "decode", "cpu_decode", "augment", "episode_pool_size", "episode_piece_frames",
-     "drop_n_first_frames", "drop_n_last_frames"}
+     "drop_n_first_frames", "drop_n_last_frames", "share_clips"}
 )  # fmt: skip
 #: Largest denominator of a weight taken as a fraction (:func:`_in_lowest_terms`): two such fractions differ by far
 #: more than a float's last bit, so a weight's float gives back the very fraction it was typed or computed as.

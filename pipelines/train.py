@@ -152,6 +152,8 @@ class TrainOptions:
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
+    #: NVDEC cameras: a batch's samples that read one file decode one clip (the iterator's ``share_clips``).
+    share_clips: bool = False
     #: One for every dataset, or one per dataset (in --dataset order).
     timestamp_source: str | tuple[str, ...] = "parquet_timestamp"
     tolerance_s: float | tuple[float, ...] | None = None
@@ -301,6 +303,11 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--decode", default="auto", metavar="{auto,gpu,cpu}",
         help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default %(default)s)",
     )  # fmt: skip
+    p.add_argument(
+        "--share-clips", action="store_true",
+        help="NVDEC: the samples of a batch that read one video file decode one clip (DALI makes an NVDEC decoder\n"
+        "per clip); off by default until measured on a GPU",
+    )  # fmt: skip
     add_reading_options(p, several=True)
     p.add_argument(
         "--rename-map",
@@ -351,6 +358,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         episode_pool_size=a.episode_pool_size, episode_piece_frames=a.episode_piece_frames,
         drop_n_last_frames=a.drop_n_last_frames,
         image_size=tuple(a.image_size) if a.image_size else None, augment=a.augment, decode=a.decode,
+        share_clips=a.share_clips,
         timestamp_source=_one_or_each(a.timestamp_source), tolerance_s=_one_or_each(a.tolerance_s),
         rename_map=_one_or_each(a.rename_map), concat=a.concat,
         mixed_precision=a.mixed_precision,
@@ -662,6 +670,7 @@ def build_iterator(
         drop_n_last_frames=plan.drop_n_last_frames,
         device=device,
         decode=DecodePreference.parse(options.decode),
+        share_clips=options.share_clips,
         num_workers=options.num_workers,
         image_size=plan.image_size,
         augment=plan.augment,

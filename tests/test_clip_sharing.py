@@ -200,3 +200,26 @@ def test_a_shared_clip_that_fails_is_named_though_its_samples_clips_decode(
     assert isinstance(located, VideoDecodeError)
     said = f"{path}: DALI cannot decode the frames of episodes {episodes} (one clip they share)"
     assert str(located).startswith(said)
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_train_s_share_clips_flag_reaches_every_dataset_s_pipeline(make_ds: Callable[..., Path], several: bool) -> None:
+    """``pipelines/train.py --share-clips``: the iterator (or each dataset of a mixture) sends shared clips."""
+    from pipelines.train import build_iterator, data_plan, open_readers, parse_args
+
+    root = str(_vp9(make_ds))
+    argv = ["--dataset", root, *([root] if several else []), "--steps", "1", "--device", "cpu", "--batch-size", "4"]
+    for flag, shared in (([], False), (["--share-clips"], True)):
+        options = parse_args([*argv, "--num-workers", "0", *flag])
+        readers = open_readers(options)
+        plan = data_plan(options, fps=readers[0].fps, camera_keys=list(readers[0].camera_keys))
+        iterator = build_iterator(readers if several else readers[0], plan, options, device="cpu", rank=0, world_size=1)
+        try:
+            next(iter(iterator))
+            parts = iterator.datasets if several else [iterator]
+            for part in parts:
+                assert part._source is not None
+                kinds = [f.kind for f in part._source.fields]
+                assert (FieldKind.CLIP_TAKE in kinds) is shared
+        finally:
+            iterator.close()
