@@ -229,6 +229,24 @@ def test_episodes_starting_less_than_half_a_frame_apart_are_refused_at_open(ds: 
     assert open_dataset(ds).num_episodes == 4
 
 
+@pytest.mark.parametrize(("video_fps", "opens", "refused"), [(20, 0.04, 0.02), (5, 0.06, 0.04)])
+def test_half_a_frame_is_of_the_faster_of_the_rows_and_the_declared_video_rate(
+    ds: Path, video_fps: int, opens: float, refused: float
+) -> None:
+    """The bound on two starts is half a frame at the faster rate: 10 fps rows over a video declared 20 fps (half a
+    frame 0.025 s) open with starts 0.04 s apart and refuse 0.02 s; declared 5 fps, the rows' 10 fps bounds it (0.05 s):
+    0.06 s apart opens, 0.04 s is refused. Half a frame at the slower rate would refuse 0.04 s and 0.06 s."""
+    info = json.loads((ds / "meta/info.json").read_text())
+    info["features"][CAM]["info"]["video.fps"] = video_fps
+    (ds / "meta/info.json").write_text(json.dumps(info))
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, opens)
+    assert open_dataset(ds).num_episodes == 4
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 3, refused)
+    said = re.escape(f"episodes 2 and 3 start at 0.000000 s and {refused:.6f} s of video file chunk 0 file 1 (")
+    with pytest.raises(EpisodeMetadataError, match=said + ".*less than half a frame"):
+        open_dataset(ds)
+
+
 def _set_fps(root: Path, fps: int) -> None:
     info = json.loads((root / "meta/info.json").read_text())
     info["fps"] = fps
