@@ -932,6 +932,18 @@ def test_inconsistent_lengths_and_empty_episodes(v3: Path) -> None:
         open_dataset(v3)
 
 
+@pytest.mark.parametrize(("episode", "length", "rows"), [(1, 2, 1), (3, 3, 4)])
+def test_a_length_either_side_of_the_episodes_rows_is_refused(v3: Path, episode: int, length: int, rows: int) -> None:
+    """A length one more than dataset_to_index - dataset_from_index (episode 1's 2 over 1 row) and one less (episode
+    3's 3 over 4 rows) are both refused as the dataset opens, naming the episode and both counts."""
+    lengths = [5, 1, 7, 4, 6]
+    lengths[episode] = length
+    _edit_episodes(v3, lambda t: t.set_column(t.schema.get_field_index("length"), "length", pa.array(lengths)))
+    said = f"episode {episode} has length {length} but dataset_to_index - dataset_from_index = {rows}; the episode"
+    with pytest.raises(EpisodeMetadataError, match=said):
+        open_dataset(v3)
+
+
 @pytest.mark.parametrize("column", ["episode_index", "length", "data/file_index"])
 def test_an_episode_column_lacking_says_to_copy_the_metadata_again(v3: Path, column: str) -> None:
     """It named the column only; no option reads around it, as every episode is placed by it."""
