@@ -477,6 +477,36 @@ def test_an_older_entry_of_a_fragmented_mp4_cut_where_its_mehd_box_says_is_refus
     assert not entries["cut.mp4"].exists()
 
 
+def test_an_older_entrys_mehd_check_has_a_bound_of_half_a_frame(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older build's entry holds 90 frames at 30 fps, its last at 46592/15360 = 91/30 s: 92/30 s held. An mehd one
+    frame longer (3.1 s = 93/30) has the file indexed again, which refuses it; one exactly half a frame longer (37/12 s
+    = 185/60, in a 600-tick timescale) is served as stored, with no build."""
+    flags = "frag_keyframe+empty_moov+default_base_moof+skip_trailer"
+    source = remux(marker_video("h264", 30), tmp_path / "source.mp4", movflags=flags)
+    longer = with_movie_duration(source, tmp_path / "longer.mp4", 3.1)
+    half = with_movie_duration(source, tmp_path / "half.mp4", 1850 / 600, timescale=600)
+    store = PacketIndexStore(tmp_path / "store")
+    entries, indexes = {}, {}
+    for video in (longer, half):
+        with monkeypatch.context() as old_build:  # (what a version without the mehd check built)
+            old_build.setattr(packet_index, "_check_movie_duration", lambda *args, **kwargs: None)
+            indexes[video.name] = index = build_packet_index(video)
+        assert index.frame_count == 90 and int(index.pts.max()) == 46592 and index.time_base == Fraction(1, 15360)
+        entries[video.name] = _store_as_an_older_build(store, source_url(video), stamp_from_stat(video.stat()), index)
+    builds = []
+    real_build = packet_index.build_packet_index
+    monkeypatch.setattr(packet_index, "build_packet_index", lambda *a, **k: builds.append(a[0]) or real_build(*a, **k))
+    assert_identical(PacketIndexCache().get(half, store=store), indexes["half.mp4"])
+    assert builds == []
+    assert _layout(entries["half.mp4"].read_bytes())[0]["file_checks"] == FILE_CHECKS
+    said = "longer.mp4: its tracks hold 3.067 s but its mehd box gives the movie 3.100 s (a cut between two of"
+    with pytest.raises(VideoDecodeError, match=re.escape(said) + ".*; the file is truncated"):
+        PacketIndexCache().get(longer, store=store)
+    assert builds == [longer] and not entries["longer.mp4"].exists()
+
+
 def test_an_older_entry_of_a_file_changed_since_it_was_listed_is_refused_and_kept(
     marker_video: MarkerVideo, tmp_path: Path
 ) -> None:
