@@ -679,6 +679,26 @@ def test_an_mp4_whose_end_is_zero_filled_is_refused(marker_video: MarkerVideo, t
                 build_packet_index(filled)
 
 
+def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_before_it() -> None:
+    """Packets in decode order need not be stored in it: here packet 1 lies at bytes 300-400, after packet 2 (100-300)
+    and packet 0 (0-100). The file is zero-filled from byte 300: packet 1, stored last, starts with zeros (packet 2,
+    last in decode order, does not). A last stored packet that ends with zeros is padding where the packet stored
+    before it (packet 2, not packet 0 before it in decode order) ends with zeros too."""
+    offsets, sizes = np.array([0, 300, 100]), np.array([100, 100, 200])
+
+    def check(data: bytes) -> None:
+        packet_index._check_zero_filled(
+            lambda at, n: data[at : at + n], offsets, sizes, "h264", len(data), label="v.mp4"
+        )
+
+    with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 300-400\) starts with zeros"):
+        check(b"\x01" * 300 + bytes(100))
+    ends = b"\x01" * 84 + bytes(16) + b"\x01" * 200 + b"\x01" * 84 + bytes(16)  # (packets 0 and 1 end with zeros)
+    with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 300-400\) ends with zeros"):
+        check(ends)
+    check(b"\x01" * 284 + bytes(16) + b"\x01" * 84 + bytes(16))  # (packets 2 and 1 end with zeros: padding)
+
+
 def _pad_last_nal(sample: bytes, padding: int) -> bytes:
     """An H.264 MP4 sample (4-byte NAL unit lengths) whose last NAL unit ends with ``padding`` zero bytes more."""
     at = 0
