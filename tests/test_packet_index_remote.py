@@ -10,6 +10,7 @@ import io
 import logging
 import struct
 from dataclasses import replace
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -337,6 +338,27 @@ def test_own_tables_that_disagree_with_the_demuxer_fall_back(
         index = build_packet_index(path)
     assert said in caplog.text
     assert_same_index(index, expected)
+
+
+def test_own_tables_of_b_frames_take_the_edit_lists_shift_on_both_timestamps(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An H.264 stream with B-frames (two frames of delay: 1024 ticks of 1/15360 s at 30 fps) starts its own tables' dts
+    at 0 and its pts at 1024; its edit list starts at 1024, so FFmpeg shifts both by -1024: dts from -1024, pts from 0.
+    The tables' own rows take that shift on both, agree with the demuxer at both ends and are trusted, with no demux.
+    """
+    monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+
+    def no_demux(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sample tables were not trusted: the whole file was demuxed")
+
+    monkeypatch.setattr(packet_index, "_rows_from_demux", no_demux)
+    index = build_packet_index(marker_video("h264", 30))
+    assert index.time_base == Fraction(1, 15360) and index.frame_count == 90
+    assert index.dts[:6].tolist() == [-1024, -512, 0, 512, 1024, 1536]
+    assert index.pts[:6].tolist() == [0, 1536, 512, 1024, 3072, 2048]
+    assert index.dts[-3:].tolist() == [43520, 44032, 44544]
+    assert index.pts[-3:].tolist() == [44032, 45568, 45056]
 
 
 def test_tables_with_what_is_not_modelled_are_demuxed_with_a_warning(
