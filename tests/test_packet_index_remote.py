@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 
 import lerobot_dali.packet_index as packet_index
+from lerobot_dali.frame_marker import draw_marker
+from lerobot_dali.generate import encode_video
 from lerobot_dali.mp4_tables import Mp4Track
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import MarkerVideo, cr5_video, r1_video, remux
@@ -359,6 +361,25 @@ def test_own_tables_of_b_frames_take_the_edit_lists_shift_on_both_timestamps(
     assert index.pts[:6].tolist() == [0, 1536, 512, 1024, 3072, 2048]
     assert index.dts[-3:].tolist() == [43520, 44032, 44544]
     assert index.pts[-3:].tolist() == [44032, 45568, 45056]
+
+
+def test_own_tables_of_a_one_frame_video_are_trusted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-frame H.264 MP4: the seek to its last packet's dts lands on its first, so the demuxer's tail is every row
+    (from row 0); the tables agree at both ends and are trusted, with no demux: one keyframe at pts 0 and dts 0, at
+    the bytes PyAV demuxes it from."""
+    monkeypatch.setattr(packet_index, "_demuxer_index", lambda stream: None)
+
+    def no_demux(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the sample tables were not trusted: the whole file was demuxed")
+
+    monkeypatch.setattr(packet_index, "_rows_from_demux", no_demux)
+    path = tmp_path / "one.mp4"
+    encode_video(path, [draw_marker(0, 0, 64, 96)], fps=30, codec="h264", gop=30)
+    index = build_packet_index(path)
+    assert (index.pts.tolist(), index.dts.tolist(), index.keyframe.tolist()) == ([0], [0], [True])
+    with av.open(str(path)) as container:
+        (packet,) = [(p.pos, p.size) for p in container.demux(video=0) if p.size]
+    assert (index.byte_offset.tolist(), index.size_bytes.tolist()) == ([packet[0]], [packet[1]])
 
 
 def test_tables_with_what_is_not_modelled_are_demuxed_with_a_warning(
