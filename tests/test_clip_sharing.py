@@ -36,6 +36,35 @@ def test_samples_of_one_file_share_a_clip_of_at_most_max_frames(marker_video: Ma
     assert [o.tolist() for o in share.orders(numbers)] == [[0], [0], [0, 1], [2, 3], [0], [1]]
 
 
+def test_a_group_counts_and_clips_each_frame_once(marker_video: MarkerVideo) -> None:
+    """Windows repeat their edge frames: a clip yields each distinct frame once, in a group or alone, and a group's
+    own-clip packet count is kept for the builder's check (0 for a sample alone from the start)."""
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    numbers = [np.array([6, 6, 7]), np.array([7, 9, 9]), np.array([20, 20, 21])]
+    share = share_clips([path, path, "other.mp4"], [index] * 3, numbers, max_frames=3)
+    assert [g.tolist() for g in share.groups] == [[0, 1], [2]]  # {6, 7, 9}: 3 distinct frames, within 3
+    assert [f.tolist() for f in share.frames] == [[6, 7, 9], [20, 21]]
+    assert [o.tolist() for o in share.orders(numbers)] == [[0, 0, 1], [1, 2, 2], [0, 0, 1]]
+    # GOP 2: [6, 6, 7] is packets 6-7, [7, 9, 9] packets 6-9: 2 + 4 alone; together 6-9, 4 packets
+    assert share.alone_frames == [6, 0]
+
+
+def test_only_cameras_dali_decodes_share_clips() -> None:
+    """A worker-decoded camera (depth too) never shares clips: ``camera_feed`` drops the flag there, and a feed
+    asking for it is refused."""
+    from lerobot_dali.cpu_decode_options import CpuDecodeOptions
+    from lerobot_dali.dali_graph import CameraFeed, DecodeRoute, camera_feed
+
+    with pytest.raises(ValueError, match="only clips DALI decodes are shared"):
+        CameraFeed(DecodeRoute.CPU_FALLBACK, share_clips=True)
+    options = dict(on_gpu=False, cpu_decode=CpuDecodeOptions(), augment=None, image_size=None, share_clips=True)
+    assert camera_feed(DecodeRoute.NVDEC, **options).share_clips  # type: ignore[arg-type]
+    assert camera_feed(DecodeRoute.DALI_CPU, **options).share_clips  # type: ignore[arg-type]
+    assert not camera_feed(DecodeRoute.CPU_FALLBACK, **options).share_clips  # type: ignore[arg-type]
+    assert not camera_feed(DecodeRoute.CPU_FALLBACK, depth=True, **options).share_clips  # type: ignore[arg-type]
+
+
 def test_a_group_whose_clip_would_hold_more_packets_decodes_alone(
     marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -51,10 +80,14 @@ def test_a_group_whose_clip_would_hold_more_packets_decodes_alone(
         return plan_clip(index, np.arange(wanted.min() // 2 * 2, wanted.max() + 1))  # type: ignore[arg-type]
 
     monkeypatch.setattr("lerobot_dali.clip_sharing.plan_clip", one_run)
-    share = share_clips([path] * 3, [index] * 3, [*numbers, np.array([81])], max_frames=8)
+    split = [*numbers, np.array([81, 81])]  # (a window repeating its edge frame)
+    share = share_clips([path] * 3, [index] * 3, split, max_frames=8)
     assert [g.tolist() for g in share.groups] == [[0], [1], [2]]
     assert [f.tolist() for f in share.frames] == [[4], [80], [81]]
     assert share.takes(3).tolist() == [0, 1, 2]
+    assert [o.tolist() for o in share.orders(split)] == [[0], [0], [0, 0]]
+    # the split samples keep their own clips' packets (4; 80; 80-81), as planned: the builder's check compares them
+    assert share.alone_frames == [1, 1, 2]
 
 
 def _vp9(make_ds: Callable[..., Path]) -> Path:
@@ -197,6 +230,50 @@ def test_a_shared_clip_that_fails_is_named_though_its_samples_clips_decode(
     finally:
         source.close()
     assert len(episodes) > 1  # (the case: one clip of several episodes' frames)
+    assert isinstance(located, VideoDecodeError)
+    said = f"{path}: DALI cannot decode the frames of episodes {episodes} (one clip they share)"
+    assert str(located).startswith(said)
+
+
+@pytest.mark.parametrize(("batch_size", "start", "stop"), [(8, 8, 24), (10, 130, 144)])
+def test_a_failing_shared_clip_of_a_later_batch_names_its_own_samples(
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, batch_size: int, start: int, stop: int
+) -> None:
+    """The failure may lie past the first batch the locator tries (``start`` mid-epoch; the epoch's last batch short:
+    144 samples in batches of 10 end with [140, 144)): the shared clip of the last batch is blamed on its own
+    samples' episodes."""
+    from lerobot_dali import decode_errors
+    from lerobot_dali.batch_source import BatchSource
+    from lerobot_dali.errors import VideoDecodeError
+
+    it = DALILeRobotIterator(
+        _vp9(make_ds), batch_size=batch_size, device="cpu", num_workers=0, seed=5, share_clips=True
+    )
+    try:
+        next(iter(it))
+        source = BatchSource(it._spec)
+    finally:
+        it.close()
+    camera = [f.kind for f in source.fields].index(FieldKind.CLIP)
+    first = stop - (stop % batch_size or batch_size)  # the last batch: [first, stop)
+    episode_pos, frame = source.spec.order.samples(0, first, stop)
+    outputs = source.assemble(episode_pos, frame, positions=np.arange(first, stop))
+    takes = outputs[camera + 3]
+    leader = next(k for k in range(stop - first) if np.count_nonzero(takes == k) > 1)
+    bad = outputs[camera][leader].tobytes()
+    episodes = sorted({int(source.spec.reader.episodes.episode_index[p]) for p in episode_pos[takes == leader]})
+    path = source.spec.reader.video(int(episode_pos[leader]), source.fields[camera].name).path
+
+    def decode(clips: list[np.ndarray], wanted: list[np.ndarray], *, device_id: int | None) -> None:
+        if any(c.tobytes() == bad for c in clips):
+            raise RuntimeError("Critical error in pipeline: corrupt")
+
+    monkeypatch.setattr(decode_errors, "decode_clip_batch", decode)
+    try:
+        located = decode_errors.locate_clip_failure(source, 0, start, stop, device_id=None, cause=RuntimeError("x"))
+    finally:
+        source.close()
+    assert len(episodes) > 1
     assert isinstance(located, VideoDecodeError)
     said = f"{path}: DALI cannot decode the frames of episodes {episodes} (one clip they share)"
     assert str(located).startswith(said)
