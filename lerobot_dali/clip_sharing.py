@@ -100,7 +100,7 @@ def share_clips(
         if plan_clip(index, union).frame_count > sum(each):
             groups += [np.array([s]) for s in members]
             frames += [np.unique(numbers[s]) for s in members]
-            alone_frames += each
+            alone_frames += [0] * len(members)  # (alone: nothing shared to outgrow)
             continue
         groups.append(np.array(members))
         frames.append(union)

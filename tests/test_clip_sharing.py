@@ -86,8 +86,9 @@ def test_a_group_whose_clip_would_hold_more_packets_decodes_alone(
     assert [f.tolist() for f in share.frames] == [[4], [80], [81]]
     assert share.takes(3).tolist() == [0, 1, 2]
     assert [o.tolist() for o in share.orders(split)] == [[0], [0], [0, 0]]
-    # the split samples keep their own clips' packets (4; 80; 80-81), as planned: the builder's check compares them
-    assert share.alone_frames == [1, 1, 2]
+    # split, each sample is alone: nothing shared whose built clip could outgrow its plan (a lone clip that grows
+    # when built would grow alike without sharing)
+    assert share.alone_frames == [0, 0, 0]
 
 
 def _vp9(make_ds: Callable[..., Path]) -> Path:
