@@ -1,4 +1,4 @@
-"""Which samples of a batch decode one clip together, for cameras on NVDEC.
+"""Which samples of a batch decode one clip together, for cameras DALI decodes (made for NVDEC).
 
 DALI's GPU decoder makes a new NVDEC decoder for every sample it decodes (``fn.decoders.video``; torchcodec's
 developers measured 50-70 ms to make one on an H100), so a batch of one-frame windows spent ~32 ms per clip per DALI
