@@ -287,7 +287,7 @@ class DALILeRobotIterator:
             self.reader,
             self._stream.order,
             rank=self.rank,
-            lookahead=self.batch_size * (self._prefetch + 1) * max(1, self._num_workers) + self.batch_size,
+            lookahead=prefetch_lookahead(self.batch_size, self._prefetch, self._num_workers),
             cache_dir=self._cache_dir,
             cache_bytes=cache_bytes,
             index_store=self._remote_index_store,
@@ -1152,6 +1152,15 @@ def _raise_original(error: Exception) -> None:
     if original is not None:
         raise original from error
     raise error
+
+
+def prefetch_lookahead(batch_size: int, prefetch: int, num_workers: int) -> int:
+    """Samples past the consumed ones whose episodes a remote dataset's prefetcher keeps local: every batch that may
+    be in flight (the source's queue, :func:`~.dali_graph.source_queue_depth`, and the pipeline's ``prefetch``) and
+    one more, or the older count where larger, ``(prefetch + 1)`` batches a worker and one more. With 1 worker that
+    older count was a batch short of those in flight, whose last one's episodes were read remotely."""
+    in_flight = 1 + source_queue_depth(prefetch, num_workers) + prefetch if num_workers else 1 + prefetch
+    return batch_size * max(in_flight, (prefetch + 1) * max(1, num_workers) + 1)
 
 
 def default_dali_threads(num_workers: int) -> int:

@@ -176,3 +176,21 @@ def test_more_workers_than_an_epoch_has_batches_lose_and_repeat_nothing(make_ds)
         seen += [key for b in resumed for key in _keys(b)]
     resumed.close()
     assert seen == whole
+
+
+@pytest.mark.parametrize(
+    ("workers", "prefetch", "batches"),
+    [
+        (1, 2, 6),  # 3 in the source (1 worker + 2), 2 in the pipeline, 1 more: the older count's 4 fell short
+        (0, 2, 4),  # no source queue: 2 in flight + 1; the older count (3 x 1 + 1) stays
+        (2, 1, 5),  # 3 + 1 + 1, as the older 2 x 2 + 1
+        (12, 2, 37),  # 14 + 2 + 1 = 17; the older 3 x 12 + 1 looked further and still does
+    ],
+)
+def test_a_remote_prefetcher_looks_ahead_past_every_batch_in_flight(workers: int, prefetch: int, batches: int) -> None:
+    """The prefetcher keeps the episodes of the next ``lookahead`` samples local; a batch in flight past it reads its
+    episodes remotely (slower, not wrong). With 1 worker the source's depth of 2026-12-04 put 5 batches in flight,
+    and the lookahead covered 4."""
+    from lerobot_dali.iterator import prefetch_lookahead
+
+    assert prefetch_lookahead(8, prefetch, workers) == 8 * batches
