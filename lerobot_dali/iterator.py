@@ -810,7 +810,8 @@ class DALILeRobotIterator:
         if all(route.dali_device is None for route in self.routes.values()):
             return None
         epoch, start = self._stream.epoch, self._stream.samples_consumed
-        # The batches DALI may have had in flight: the external source's queue plus the pipeline's.
+        # The batches DALI's decoder may have had: those in the pipeline (prefetch), the one failing among them, and
+        # as many more (the source's queue is deeper, but its batches reach no decoder before these).
         stop = min(self._stream.num_samples(), start + (2 * self._prefetch + 2) * self.batch_size)
         source = BatchSource(self._spec)
         try:

@@ -74,6 +74,7 @@ from pipelines.preemption import PreemptibleLoop
 from pipelines.progress import FiniteLoss, Throughput, log_progress
 from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
+    SHARE_CLIPS_HELP,
     add_reading_options,
     camera_frames,
     check_decode,
@@ -112,6 +113,8 @@ class PolicyTrainOptions:
     episode_pool_size: int = 64
     device: str = "cuda"
     decode: str = "auto"
+    #: Cameras DALI decodes: a batch's samples that read one file decode one clip (the iterator's ``share_clips``).
+    share_clips: bool = False
     #: Read only these cameras (None: every camera info.json declares); the policy sees only these.
     cameras: tuple[str, ...] | None = None
     #: How rows find their frames (``frame_index`` for wall-clock timestamps, as ``cr5_*``'s), and how far a row's time
@@ -184,6 +187,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
     parser.add_argument(
         "--decode", type=str.lower, choices=("auto", "gpu", "cpu"), default="auto", help="(default %(default)s)"
     )
+    parser.add_argument("--share-clips", action="store_true", help=SHARE_CLIPS_HELP)
     add_reading_options(parser, several=False)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--log-every", type=int, default=50, help="steps between loss logs (default %(default)s)")
@@ -353,7 +357,8 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
             options.dataset, revision=options.revision, batch_size=options.batch_size,
             delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
             episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
-            decode=DecodePreference.parse(options.decode), num_workers=options.num_workers, rank=rank,
+            decode=DecodePreference.parse(options.decode), share_clips=options.share_clips,
+            num_workers=options.num_workers, rank=rank,
             world_size=world_size, cameras=options.cameras,
             timestamp_source=check_choice(TimestampSource, "--timestamp-source", options.timestamp_source),
             tolerance_s=DEFAULT_TOLERANCE_S if options.tolerance_s is None else options.tolerance_s,

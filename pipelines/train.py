@@ -303,11 +303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         "--decode", default="auto", metavar="{auto,gpu,cpu}",
         help="auto: NVDEC where the GPU has the codec, else the CPU; gpu: NVDEC or fail; cpu (default %(default)s)",
     )  # fmt: skip
-    p.add_argument(
-        "--share-clips", action="store_true",
-        help="NVDEC: the samples of a batch that read one video file decode one clip (DALI makes an NVDEC decoder\n"
-        "per clip); off by default until measured on a GPU",
-    )  # fmt: skip
+    p.add_argument("--share-clips", action="store_true", help=SHARE_CLIPS_HELP)
     add_reading_options(p, several=True)
     p.add_argument(
         "--rename-map",
@@ -366,6 +362,13 @@ def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
         save_every=a.save_every, keep_checkpoints=a.keep_checkpoints, resume=a.resume, log_every=a.log_every,
         record_dir=a.record_dir,
     )  # fmt: skip
+
+
+#: ``--share-clips``' help, train.py's and lerobot_policy.py's.
+SHARE_CLIPS_HELP = (
+    "the samples of a batch that read one video file decode one clip: made for NVDEC, where DALI makes a decoder\n"
+    "per clip (cameras on DALI's CPU decoder share too); off by default until measured on a GPU"
+)
 
 
 def add_reading_options(p: argparse.ArgumentParser, *, several: bool) -> None:

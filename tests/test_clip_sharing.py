@@ -301,3 +301,14 @@ def test_train_s_share_clips_flag_reaches_every_dataset_s_pipeline(make_ds: Call
                 assert (FieldKind.CLIP_TAKE in kinds) is shared
         finally:
             iterator.close()
+
+
+def test_lerobot_policy_s_share_clips_flag_reaches_its_iterator() -> None:
+    """``pipelines/lerobot_policy.py --share-clips`` is parsed (off without it); the iterator it builds gets it."""
+    import inspect
+
+    from pipelines import lerobot_policy
+
+    assert lerobot_policy.parse_args(["--dataset", "x", "--share-clips"]).share_clips is True
+    assert lerobot_policy.parse_args(["--dataset", "x"]).share_clips is False
+    assert "share_clips=options.share_clips" in inspect.getsource(lerobot_policy)
