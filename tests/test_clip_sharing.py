@@ -195,54 +195,17 @@ def test_a_file_whose_shared_clip_grew_when_built_decodes_alone_after(
     assert [o.tolist() for o in orders] == [[0], [0]]
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "start", "stop", "failing"),
+    [(8, 0, 16, 0), (8, 8, 24, 16), (10, 130, 144, 140)],  # the first batch; a later one; the epoch's short last one
+)
 def test_a_shared_clip_that_fails_is_named_though_its_samples_clips_decode(
-    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, batch_size: int, start: int, stop: int, failing: int
 ) -> None:
     """After a pipeline failure the locator rebuilds the samples' own clips; a shared clip can fail where they all
     decode (packets only it holds), so the batches' shared clips are tried too, and the error names their file and
-    episodes."""
-    from lerobot_dali import decode_errors
-    from lerobot_dali.batch_source import BatchSource
-    from lerobot_dali.errors import VideoDecodeError
-
-    it = DALILeRobotIterator(_vp9(make_ds), batch_size=8, device="cpu", num_workers=0, seed=5, share_clips=True)
-    try:
-        next(iter(it))
-        source = BatchSource(it._spec)
-    finally:
-        it.close()
-    camera = [f.kind for f in source.fields].index(FieldKind.CLIP)  # (cam0's: the first camera)
-    episode_pos, frame = source.spec.order.samples(0, 0, 8)
-    outputs = source.assemble(episode_pos, frame, positions=np.arange(8))
-    takes = outputs[camera + 3]
-    leader = next(k for k in range(8) if np.count_nonzero(takes == k) > 1)
-    bad = outputs[camera][leader].tobytes()
-    members = np.flatnonzero(takes == leader)
-    episodes = sorted({int(source.spec.reader.episodes.episode_index[p]) for p in episode_pos[members]})
-    path = source.spec.reader.video(int(episode_pos[leader]), source.fields[camera].name).path
-
-    def decode(clips: list[np.ndarray], wanted: list[np.ndarray], *, device_id: int | None) -> None:
-        if any(c.tobytes() == bad for c in clips):
-            raise RuntimeError("Critical error in pipeline: corrupt")
-
-    monkeypatch.setattr(decode_errors, "decode_clip_batch", decode)
-    try:
-        located = decode_errors.locate_clip_failure(source, 0, 0, 16, device_id=None, cause=RuntimeError("x"))
-    finally:
-        source.close()
-    assert len(episodes) > 1  # (the case: one clip of several episodes' frames)
-    assert isinstance(located, VideoDecodeError)
-    said = f"{path}: DALI cannot decode the frames of episodes {episodes} (one clip they share)"
-    assert str(located).startswith(said)
-
-
-@pytest.mark.parametrize(("batch_size", "start", "stop"), [(8, 8, 24), (10, 130, 144)])
-def test_a_failing_shared_clip_of_a_later_batch_names_its_own_samples(
-    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, batch_size: int, start: int, stop: int
-) -> None:
-    """The failure may lie past the first batch the locator tries (``start`` mid-epoch; the epoch's last batch short:
-    144 samples in batches of 10 end with [140, 144)): the shared clip of the last batch is blamed on its own
-    samples' episodes."""
+    the episodes of the samples sharing it, in the batch that failed (``start`` mid-epoch, or the epoch's last batch
+    short: 144 samples in batches of 10 end with [140, 144))."""
     from lerobot_dali import decode_errors
     from lerobot_dali.batch_source import BatchSource
     from lerobot_dali.errors import VideoDecodeError
@@ -255,12 +218,12 @@ def test_a_failing_shared_clip_of_a_later_batch_names_its_own_samples(
         source = BatchSource(it._spec)
     finally:
         it.close()
-    camera = [f.kind for f in source.fields].index(FieldKind.CLIP)
-    first = stop - (stop % batch_size or batch_size)  # the last batch: [first, stop)
-    episode_pos, frame = source.spec.order.samples(0, first, stop)
-    outputs = source.assemble(episode_pos, frame, positions=np.arange(first, stop))
+    camera = [f.kind for f in source.fields].index(FieldKind.CLIP)  # (cam0's: the first camera)
+    last = min(stop, failing + batch_size)
+    episode_pos, frame = source.spec.order.samples(0, failing, last)
+    outputs = source.assemble(episode_pos, frame, positions=np.arange(failing, last))
     takes = outputs[camera + 3]
-    leader = next(k for k in range(stop - first) if np.count_nonzero(takes == k) > 1)
+    leader = next(k for k in range(last - failing) if np.count_nonzero(takes == k) > 1)
     bad = outputs[camera][leader].tobytes()
     episodes = sorted({int(source.spec.reader.episodes.episode_index[p]) for p in episode_pos[takes == leader]})
     path = source.spec.reader.video(int(episode_pos[leader]), source.fields[camera].name).path
@@ -274,7 +237,7 @@ def test_a_failing_shared_clip_of_a_later_batch_names_its_own_samples(
         located = decode_errors.locate_clip_failure(source, 0, start, stop, device_id=None, cause=RuntimeError("x"))
     finally:
         source.close()
-    assert len(episodes) > 1
+    assert len(episodes) > 1  # (the case: one clip of several episodes' frames)
     assert isinstance(located, VideoDecodeError)
     said = f"{path}: DALI cannot decode the frames of episodes {episodes} (one clip they share)"
     assert str(located).startswith(said)
