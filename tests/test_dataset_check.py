@@ -120,6 +120,40 @@ def test_the_episodes_of_a_file_are_read_from_one_decode_of_its_row_group(make_d
     assert "episode 5's timestamps go back" in damaged.problems[0].message
 
 
+def test_an_episode_inside_the_later_of_two_decoded_row_groups_reads_its_own_rows(tmp_path, monkeypatch) -> None:
+    """Rows 0..9 in row groups [0, 4), [4, 8), [8, 10): rows [2, 6) decode groups 0 and 1; rows [5, 7) then lie in
+    group 1 alone, within that decode, so are sliced from it at 5 - 0 (where the decode starts), not 5 - 4 (where
+    group 1 starts: rows 1 and 2), with no second decode."""
+    from lerobot_dali.dataset_info import Feature
+    from lerobot_dali.episode_rows import read_episode_rows
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"index": pa.array(range(10), pa.int64())}), path, row_group_size=4)
+    reads: list[tuple[int, ...]] = []
+    plain = pq.ParquetFile.read_row_groups
+
+    def counted(self, row_groups, columns=None, **kwargs):
+        reads.append(tuple(row_groups))
+        return plain(self, row_groups, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counted)
+    parquet, groups = pq.ParquetFile(path), DecodedGroups()
+    features = {"index": Feature("index", "int64", (1,))}
+
+    def read(row_start: int, length: int) -> list[int]:
+        rows = read_episode_rows(
+            parquet, path=str(path), row_start=row_start, length=length, features=features, decoded=groups
+        )
+        return rows["index"].tolist()
+
+    assert read(2, 4) == [2, 3, 4, 5]
+    assert read(5, 2) == [5, 6]
+    assert read(0, 1) == [0]  # (group 0 alone, within the decode too)
+    assert reads == [(0, 1)]
+    assert read(7, 2) == [7, 8]  # (groups 1 and 2: past the decode, so decoded anew)
+    assert reads == [(0, 1), (1, 2)]
+
+
 def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds) -> None:
     root = copy_ds(make_ds(**SPEC))
     # Episode 1's rows half a frame late: its frames in both cameras are off by more than the tolerance.
