@@ -1123,6 +1123,21 @@ def test_columns_are_read_as_declared_or_refused_by_hand() -> None:
         read(nested, "float32", (2,))  # (its outer level matches the one declared: still two levels, not one)
 
 
+def test_a_nan_or_infinity_in_a_float_column_declared_an_integer_is_named_as_outside_its_range() -> None:
+    """NaN and infinities cast to an integer as whatever the platform makes of them (int8: 0 or -128): each is named
+    as the value outside the declared dtype's range, not as a fraction; int8's own ends, -128.0 and 127.0, read."""
+    from lerobot_dali.dataset_info import Feature
+    from lerobot_dali.episode_rows import _column_to_numpy
+
+    def read(values: list[float]) -> np.ndarray:
+        return _column_to_numpy(pa.chunked_array([pa.array(values)]), Feature("x", "int8", (1,)), "data.parquet")
+
+    assert read([-128.0, 127.0]).tolist() == [-128, 127]
+    for value, said in ((float("nan"), "nan"), (float("inf"), "inf"), (-float("inf"), "-inf")):
+        with pytest.raises(SchemaMismatchError, match=rf"column 'x' holds {said} \(type double\), outside the range"):
+            read([1.0, value])
+
+
 def test_an_integer_columns_range_is_read_from_every_row_groups_statistics(tmp_path: Path) -> None:
     """The smallest and largest of a column over its row groups, not the first group's smallest and the last's
     largest: groups [5, 3], [9, 1] and [4, 6] hold 1..9."""
