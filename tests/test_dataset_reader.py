@@ -1149,3 +1149,23 @@ def test_an_integer_columns_range_is_read_from_every_row_groups_statistics(tmp_p
     assert metadata.num_row_groups == 3
     assert integer_column_range(metadata, "index") == (1, 9)
     assert integer_column_range(metadata, "frame_index") is None
+
+
+def test_an_integer_columns_range_passes_over_row_groups_without_rows(tmp_path: Path) -> None:
+    """A row group of no rows has no statistics (pyarrow writes none): groups [5, 3], [] and [9, 1] hold 1..9, not
+    an unknown range; a file of empty groups alone has none."""
+    from lerobot_dali.episode_rows import integer_column_range
+
+    path = tmp_path / "rows.parquet"
+    tables = [pa.table({"index": pa.array(values, pa.int64())}) for values in ([5, 3], [], [9, 1])]
+    with pq.ParquetWriter(path, tables[0].schema) as writer:
+        for table in tables:
+            writer.write_table(table)
+    metadata = pq.ParquetFile(path).metadata
+    assert [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)] == [2, 0, 2]
+    assert metadata.row_group(1).column(0).statistics is None
+    assert integer_column_range(metadata, "index") == (1, 9)
+    empty = tmp_path / "empty.parquet"
+    with pq.ParquetWriter(empty, tables[1].schema) as writer:
+        writer.write_table(tables[1])
+    assert integer_column_range(pq.ParquetFile(empty).metadata, "index") is None
