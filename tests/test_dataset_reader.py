@@ -343,6 +343,21 @@ def test_open_parquet_files_are_bounded_by_count_and_footer_bytes(tmp_path: Path
     assert [h.closed for h in handles] == [True, False, False, False]  # an evicted file's handle is closed
 
 
+def test_the_newest_parquet_file_stays_open_whatever_its_footers_size(tmp_path: Path) -> None:
+    """A footer bound smaller than one file's footer evicts the older files, never the one just opened: its next read
+    finds it open (the same file), not a footer to parse again."""
+    from lerobot_dali.episode_rows import ParquetCache
+
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(2)]
+    for p in paths:
+        pq.write_table(pa.table({"x": np.arange(10)}), p)
+    cache = ParquetCache(fsspec.filesystem("file").open, max_open=3, max_footer_bytes=1)
+    first = cache.get(paths[0])
+    assert [k[1] for k in cache._open] == paths[:1] and cache.get(paths[0]) is first
+    second = cache.get(paths[1])
+    assert [k[1] for k in cache._open] == paths[1:] and cache.get(paths[1]) is second
+
+
 def test_open_parquet_files_keep_within_their_share_of_the_open_file_limit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -150,6 +150,16 @@ def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict 
     assert str(path) in str(info.value)
 
 
+def test_a_missing_image_is_named_by_its_row_in_the_file() -> None:
+    """The row named is the file's, ``row_start`` on from the column's first: the third of rows from 10 is row 12."""
+    from lerobot_dali.episode_rows import image_bytes
+
+    column = pa.array([{"bytes": b"a", "path": None}, {"bytes": b"b", "path": None}, None])
+    assert image_bytes(column[:2], path="f.parquet", key=CAM0, row_start=10).to_pylist() == [b"a", b"b"]
+    with pytest.raises(DataFileError, match=r"^f\.parquet: row 12 has no image bytes for 'observation\.images\.cam0'"):
+        image_bytes(column, path="f.parquet", key=CAM0, row_start=10)
+
+
 def test_an_image_column_of_file_paths_says_what_to_do(make_ds, copy_ds) -> None:
     """Images stored as paths (a datasets.Image written without its bytes embedded, as plain strings) named the
     column's type only."""
