@@ -1153,6 +1153,19 @@ def test_a_nan_or_infinity_in_a_float_column_declared_an_integer_is_named_as_out
             read([1.0, value])
 
 
+def test_a_footers_fixed_list_width_of_zero_is_checked_against_the_declared_shape() -> None:
+    """A fixed-size list of 0 values is a known width (0), refused for a declared (2,) from the footer alone, as only
+    a varying width (-1) is left to the rows' read."""
+    from lerobot_dali.dataset_info import Feature
+    from lerobot_dali.episode_rows import check_column_shape
+
+    feature = Feature("x", "float32", (2,))
+    check_column_shape(feature, (2,), "data.parquet")
+    check_column_shape(feature, (-1,), "data.parquet")
+    with pytest.raises(SchemaMismatchError, match=r"column 'x' holds vectors of length \[0\] but .* shape \[2\]"):
+        check_column_shape(feature, (0,), "data.parquet")
+
+
 def test_an_integer_columns_range_is_read_from_every_row_groups_statistics(tmp_path: Path) -> None:
     """The smallest and largest of a column over its row groups, not the first group's smallest and the last's
     largest: groups [5, 3], [9, 1] and [4, 6] hold 1..9."""
