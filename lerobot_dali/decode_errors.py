@@ -44,11 +44,12 @@ def locate_clip_failure(
         clips = [outputs[i][0] for outputs in samples]
         wanted = [outputs[i + 1][0] for outputs in samples]
         files = [spec.reader.video(int(pos), field.name).path for pos in episode_pos]
-        # A camera sharing clips: its batches' shared clips after the samples' own, each standing for its first sample.
-        clips += [clip for clip, _, _ in shared.get(i, [])]
-        wanted += [indices for _, indices, _ in shared.get(i, [])]
-        owners = [[k] for k in range(len(episode_pos))] + [members for _, _, members in shared.get(i, [])]
-        files += [files[members[0]] for _, _, members in shared.get(i, [])]
+        # A camera sharing clips: its batches' shared clips after the samples' own, each of its samples' file.
+        theirs = shared.get(i, [])
+        clips += [clip for clip, _, _ in theirs]
+        wanted += [indices for _, indices, _ in theirs]
+        owners = [[k] for k in range(len(episode_pos))] + [members for _, _, members in theirs]
+        files += [files[members[0]] for _, _, members in theirs]
         bad = _first_failing(clips, wanted, files, device_id=None if field.decode_device == "cpu" else device_id)
         if bad is None:
             continue
