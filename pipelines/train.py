@@ -152,7 +152,7 @@ class TrainOptions:
     image_size: tuple[int, int] | None = None
     augment: Path | None = None
     decode: str = "auto"
-    #: NVDEC cameras: a batch's samples that read one file decode one clip (the iterator's ``share_clips``).
+    #: Cameras DALI decodes: a batch's samples that read one file decode one clip (the iterator's ``share_clips``).
     share_clips: bool = False
     #: One for every dataset, or one per dataset (in --dataset order).
     timestamp_source: str | tuple[str, ...] = "parquet_timestamp"
