@@ -398,6 +398,33 @@ def test_closing_the_parquet_files_leaves_a_read_in_progress_its_file(tmp_path: 
     assert cache.get(paths[0]).metadata.num_rows == 10 and not handles[2].closed  # opened again
 
 
+def test_a_parquet_file_evicted_while_read_closes_when_its_read_ends(tmp_path: Path) -> None:
+    """Evicted by another file's open during a read, a file stays open for that read (closed at once, the read
+    failed as a corrupt file) and closes as it ends; evicted outside a read, at once. Handles from fsspec, as read."""
+    from lerobot_dali.episode_rows import ParquetCache
+
+    paths = [str(tmp_path / f"f{i}.parquet") for i in range(3)]
+    for i, path in enumerate(paths):
+        pq.write_table(pa.table({"x": np.arange(10) + i}), path)
+    local = fsspec.filesystem("file")
+    handles = []
+
+    def open_file(path: str):
+        handles.append(local.open(path, "rb"))
+        return handles[-1]
+
+    cache = ParquetCache(open_file, max_open=1)
+    with cache.reading(paths[0]) as parquet:
+        cache.get(paths[1])  # evicts the file being read
+        assert [k[1] for k in cache._open] == paths[1:2] and [h.closed for h in handles] == [False, False]
+        assert parquet.read().column("x").to_pylist() == list(range(10))
+    assert [h.closed for h in handles] == [True, False]
+    cache.get(paths[2])  # evicts paths[1], read by none
+    assert [h.closed for h in handles] == [True, True, False]
+    cache.close()
+    assert [h.closed for h in handles] == [True, True, True]
+
+
 def test_episodes_of_one_data_file_convert_its_schema_once(make_ds, monkeypatch) -> None:
     """Before, each episode read converted its data file's footer schema to Arrow again, twice where the column store
     is asked (ParquetFile.schema_arrow converts at each access: ~80 us, a tenth of reading a 2-frame episode's rows);
