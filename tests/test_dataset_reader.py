@@ -1165,6 +1165,26 @@ def test_columns_are_read_as_declared_or_refused_by_hand() -> None:
         read(nested, "float32", (2,))  # (its outer level matches the one declared: still two levels, not one)
 
 
+def test_a_string_feature_stored_as_binary_or_large_binary_reads_as_text(tmp_path: Path) -> None:
+    """Text written without parquet's UTF-8 annotation reads back as binary, or as large_binary where pyarrow wrote
+    the column so (its Arrow schema is kept in the file): both read as text, as LeRobot casts them; bytes that are not
+    UTF-8 are named with their file."""
+    from lerobot_dali.dataset_info import Feature
+    from lerobot_dali.episode_rows import read_episode_rows
+
+    feature = {"note": Feature("note", "string", (1,))}
+    for kind in (pa.binary(), pa.large_binary()):
+        path = tmp_path / f"{kind}.parquet"
+        pq.write_table(pa.table({"note": pa.array([b"grasp", "lift é".encode(), b"done"], kind)}), path)
+        parquet = pq.ParquetFile(path)
+        assert parquet.schema_arrow.field("note").type == kind
+        rows = read_episode_rows(parquet, path=str(path), row_start=1, length=2, features=feature)
+        assert rows["note"].tolist() == ["lift é", "done"]
+        pq.write_table(pa.table({"note": pa.array([b"ok", b"\xff\xfe"], kind)}), path)
+        with pytest.raises(DataFileError, match=rf"{re.escape(str(path))}: column 'note' holds a string that is not"):
+            read_episode_rows(pq.ParquetFile(path), path=str(path), row_start=0, length=2, features=feature)
+
+
 def test_a_nan_or_infinity_in_a_float_column_declared_an_integer_is_named_as_outside_its_range() -> None:
     """NaN and infinities cast to an integer as whatever the platform makes of them (int8: 0 or -128): each is named
     as the value outside the declared dtype's range, not as a fraction; int8's own ends, -128.0 and 127.0, read."""
