@@ -1058,6 +1058,24 @@ def test_declared_column_missing_from_data(v3: Path) -> None:
     assert "observation.effort" not in open_dataset(v3, keys=["action"]).read_episode(0)
 
 
+def test_a_declared_column_missing_from_data_leaves_the_column_store_to_the_direct_read(v3: Path, tmp_path) -> None:
+    """The store keeps every tabular key of a file: one the file lacks is named by the direct read, and a read of the
+    other keys reads them directly (asked to store the missing column, the store raised a bare KeyError)."""
+    from lerobot_dali.column_store import ColumnStore
+
+    info = json.loads((v3 / "meta/info.json").read_text())
+    info["features"]["observation.effort"] = {"dtype": "float32", "shape": [3], "names": None}
+    (v3 / "meta/info.json").write_text(json.dumps(info))
+    r = open_dataset(v3)
+    r.column_store = ColumnStore(tmp_path / "store", min_group_rows=1, min_ratio=1)  # wants every read
+    rows = r.read_episode(2, keys=["action"])
+    assert sorted(rows) == ["action", "episode_index", "frame_index", "index", "task_index", "timestamp"]
+    np.testing.assert_array_equal(rows["action"], expected_action(2, np.arange(LENGTHS[2]), 7))
+    with pytest.raises(SchemaMismatchError, match=r"\['observation\.effort'\] have no column in the data file"):
+        r.read_episode(2)
+    assert not list((tmp_path / "store").rglob("*.arrow"))
+
+
 def test_unknown_selection(v3: Path) -> None:
     """Each error says what to pass, and which key a short or misspelt one stands for (they listed the keys only)."""
     with pytest.raises(DatasetError, match=r"unknown camera\(s\) \['observation\.images\.nope'\]") as raised:
