@@ -573,6 +573,7 @@ def test_frames_torchcodec_misplaces_are_decoded_with_pyav(
         for _ in range(2):
             np.testing.assert_array_equal(decoder.decode(path, index, window), pyav_decoder.decode(path, index, window))
     assert len(calls) == 2  # (the second request went to PyAV at once)
+    assert decoder.open_decoders == 1  # PyAV's: the torchcodec reader that misread it is dropped, not kept closed
     (said,) = [r.getMessage() for r in caplog.records]
     assert f"{path}: torchcodec gave the frame at " in said and "(3 of 3 frames)" in said
     assert said.endswith("decoding this file with PyAV")
@@ -581,6 +582,18 @@ def test_frames_torchcodec_misplaces_are_decoded_with_pyav(
             np.testing.assert_array_equal(decoder.decode(lent, index, window), pyav_decoder.decode(path, index, window))
     assert len(calls) == 4
     decoder.close()
+
+
+def test_misplaced_frames_are_blamed_on_a_hidden_keyframe_only_where_one_is_hidden() -> None:
+    """The edit list is named only where it hides keyframes *and* open GOPs decode leading pictures from them; open
+    GOPs alone (x264's default B-pyramid files) or an edit list alone leave intra refresh the likely cause."""
+    from lerobot_dali.cpu_decode import _why_misplaced
+
+    hides = "its edit list hides the keyframes of GOPs that open GOPs' leading pictures are decoded from"
+    refresh = "keyframes flagged where decoding cannot start: intra refresh?"
+    cases = {(None, False): refresh, (None, True): refresh, (range(0, 2), False): refresh, (range(0, 2), True): hides}
+    for (hidden, leading), why in cases.items():
+        assert _why_misplaced(SimpleNamespace(hidden=hidden, has_leading_pictures=leading)) == why, (hidden, leading)
 
 
 def test_a_missing_torchcodec_is_named_as_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -701,6 +714,52 @@ def test_a_turned_video_is_turned_back_from_torchcodecs_frames(
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.TORCHCODEC))
     window = np.array([0, 31, 89])
     np.testing.assert_array_equal(decoder.decode(path, index, window), pyav_decoder.decode(path, index, window))
+    decoder.close()
+
+
+def test_planes_come_from_pyav_where_auto_picks_torchcodec_for_rgb(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchcodec hands over RGB only: where AUTO picks it, a planes request of a file is PyAV's, also right after
+    an RGB request of that file left torchcodec's reader open (decoders are kept per file and backend)."""
+    import sys
+
+    import torch
+
+    _stand_in_torchcodec(monkeypatch, 7)
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    opened: list[object] = []
+
+    class StandIn:
+        metadata = SimpleNamespace(rotation=None)
+
+        def __init__(self, source: object, **kwargs: object) -> None:
+            opened.append(source)
+
+        def get_frames_played_at(self, seconds: list[float]) -> object:
+            frames = pyav_decoder.decode(path, index, np.searchsorted(index.frame_pts_s, seconds))
+            return SimpleNamespace(
+                data=torch.from_numpy(frames), pts_seconds=torch.tensor(seconds, dtype=torch.float64)
+            )
+
+    monkeypatch.setattr(sys.modules["torchcodec.decoders"], "VideoDecoder", StandIn)
+    decoder = CpuFrameDecoder()
+    assert decoder.backend is CpuDecoderBackend.TORCHCODEC
+    window = np.array([0, 31, 89])
+    reference = reference_frames(path)
+    with av.open(str(path)) as container:
+        full = {f.pts: frame_planes(f) for f in container.decode(video=0)}
+    for pixels in ("rgb", "planes", "rgb", "planes"):
+        got = decoder.decode(path, index, window, pixels=pixels)
+        for row, pts in enumerate(index.frame_pts[window].tolist()):
+            if pixels == "rgb":
+                np.testing.assert_array_equal(got[row], reference[pts])
+            else:
+                np.testing.assert_array_equal(got.luma[row, ..., 0], full[pts].luma)
+                np.testing.assert_array_equal(got.chroma[row, ..., 0], full[pts].chroma[0])
+    assert len(opened) == 1  # torchcodec for the RGB request alone
+    assert decoder.open_decoders == 2  # one reader of the file per backend
     decoder.close()
 
 
