@@ -220,6 +220,39 @@ def test_decoder_lru_is_bounded(marker_video: MarkerVideo) -> None:
     assert decoder.open_decoders == 0
 
 
+def test_the_least_recently_used_decoder_is_closed_first(marker_video: MarkerVideo, monkeypatch) -> None:
+    """A decoder used again moves to the back of the LRU: with room for two, ``A B A C A`` closes B for C and keeps A,
+    so A opens once (closing the first opened would reopen a hot file every other request). The same for the remote
+    route's decoders, kept per file's template."""
+    opened: list[str] = []
+    plain_file, plain_packets = PacketFileReader.__init__, PacketDecoder.__init__
+
+    def counted_file(self, path, index, **kwargs):
+        opened.append(str(path))
+        plain_file(self, path, index, **kwargs)
+
+    def counted_packets(self, index, **kwargs):
+        opened.append(index.codec)
+        plain_packets(self, index, **kwargs)
+
+    monkeypatch.setattr(PacketFileReader, "__init__", counted_file)
+    paths = {name: marker_video(codec, 30) for name, codec in (("A", "h264"), ("B", "hevc"), ("C", "av1"))}
+    indexes = {name: build_packet_index(path) for name, path in paths.items()}
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_open_decoders=2))
+    for name in "ABACA":
+        got = decoder.decode(paths[name], indexes[name], [40])
+        np.testing.assert_array_equal(got[0], reference_frames(paths[name])[int(indexes[name].frame_pts[40])])
+    assert opened == [str(paths[name]) for name in "ABC"]
+    decoder.close()
+    opened.clear()
+    monkeypatch.setattr(PacketDecoder, "__init__", counted_packets)  # (a file's reader makes one too)
+    for name in "ABACA":
+        plan = plan_clip(indexes[name], [40])
+        decoder.decode_packets(indexes[name], plan, read_packet_payloads(paths[name], indexes[name], plan))
+    assert opened == ["h264", "hevc", "av1"]
+    decoder.close()
+
+
 def test_open_decoders_are_bounded_by_their_estimated_memory(
     marker_video: MarkerVideo, tmp_path, caplog, monkeypatch
 ) -> None:
@@ -382,6 +415,76 @@ def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: 
     decoder.close()
 
 
+def test_every_reader_is_closed_or_kept(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each reader opened is either kept open (counted in ``open_decoders``) or closed before the call returns: one
+    whose decode fails, a lent file object's (never kept), and the remote route's decoder fed bad packets. One left
+    unclosed keeps FFmpeg's decoder and its frames until the collector finds it."""
+    from lerobot_dali.pyav_reader import PyAvReader
+
+    live: dict[type, set[int]] = {PacketFileReader: set(), PyAvReader: set(), PacketDecoder: set()}
+    for cls, instances in live.items():
+        plain_init, plain_close = cls.__init__, cls.close
+
+        def init(self, *args, _plain=plain_init, _live=instances, **kwargs):
+            _plain(self, *args, **kwargs)
+            _live.add(id(self))
+
+        def close(self, _plain=plain_close, _live=instances):
+            _live.discard(id(self))
+            _plain(self)
+
+        monkeypatch.setattr(cls, "__init__", init)
+        monkeypatch.setattr(cls, "close", close)
+
+    def open_readers() -> int:  # (a local MP4's reader holds a packet decoder of its own)
+        assert len(live[PacketDecoder]) == len(live[PacketFileReader])
+        return len(live[PacketFileReader]) + len(live[PyAvReader])
+
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    reference = decoder.decode(path, index, [40])
+    assert open_readers() == decoder.open_decoders == 1
+    with open(path, "rb") as lent:
+        np.testing.assert_array_equal(decoder.decode(lent, index, [40]), reference)
+    assert open_readers() == decoder.open_decoders == 1  # the lent file's reader closed
+    plan = plan_clip(index, [40])
+    with pytest.raises(VideoDecodeError):
+        decoder.decode_packets(index, plan, [b"\xff" * len(p) for p in read_packet_payloads(path, index, plan)])
+    assert open_readers() == decoder.open_decoders == 1  # the remote route's decoder, fed garbage, closed
+
+    def failing(self, *args, **kwargs):
+        raise VideoDecodeError("broken")
+
+    monkeypatch.setattr(PacketFileReader, "frames_at", failing)
+    with pytest.raises(VideoDecodeError, match="broken"):
+        decoder.decode(shutil.copy(path, marker_video("h264", 30).parent / "copy_for_close.mp4"), index, [40])
+    assert open_readers() == decoder.open_decoders == 1  # the reader whose decode failed closed
+    decoder.close()
+    assert open_readers() == 0
+
+
+def test_a_decoder_left_no_share_of_the_open_file_limit_closes_what_it_holds(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the process's other decoders hold the whole share, a decoder keeps nothing open: the file it opens now
+    is closed after use, and so are the ones it held (kept, they outgrew the share and failed a later open with
+    EMFILE)."""
+    from lerobot_dali import open_files
+
+    paths = [marker_video(codec, 30) for codec in ("h264", "hevc", "av1")]
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    for path in paths[:2]:
+        decoder.decode(path, build_packet_index(path), [5])
+    assert decoder.open_decoders == 2
+    monkeypatch.setattr(open_files.DECODERS, "files_for", lambda holder: 0)
+    index = build_packet_index(paths[2])
+    got = decoder.decode(paths[2], index, [5])
+    np.testing.assert_array_equal(got[0], reference_frames(paths[2])[int(index.frame_pts[5])])
+    assert decoder.open_decoders == 0
+    decoder.close()
+
+
 _FORK_DECODER: CpuFrameDecoder | None = None
 
 
@@ -414,6 +517,43 @@ def test_inherited_decoders_are_not_used_after_fork(marker_video: MarkerVideo) -
         _FORK_DECODER = None
 
 
+def _decode_each_in_child(paths: list[str], queue: multiprocessing.Queue) -> None:
+    assert _FORK_DECODER is not None
+    index = build_packet_index(paths[0])
+    for path in paths:
+        _FORK_DECODER.decode(path, index, [5])
+    queue.put(_FORK_DECODER.open_decoders)
+
+
+def test_a_forked_child_has_the_whole_memory_budget(marker_video: MarkerVideo, tmp_path) -> None:
+    """The decoders inherited through fork are dropped, and so is their memory: a child of a parent holding the
+    budget's 10 decoders keeps 10 of its own, not the least the budget allows (8)."""
+    global _FORK_DECODER
+    from lerobot_dali.cpu_decode_options import decoder_bytes
+
+    source = marker_video("vp9", 2)
+    paths = [str(shutil.copy(source, tmp_path / f"{i}.mp4")) for i in range(10)]
+    index = build_packet_index(source)
+    budget = 10 * decoder_bytes(index.width, index.height, 1)
+    options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget)
+    _FORK_DECODER = CpuFrameDecoder(options=options)
+    try:
+        for path in paths:
+            _FORK_DECODER.decode(path, index, [5])
+        assert _FORK_DECODER.open_decoders == 10
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        child = context.Process(target=_decode_each_in_child, args=(paths, queue))
+        child.start()
+        in_child = queue.get(timeout=60)
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert in_child == 10
+    finally:
+        _FORK_DECODER.close()
+        _FORK_DECODER = None
+
+
 def test_pickles_without_open_decoders(marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder) -> None:
     path = marker_video("vp9", 2)
     index = build_packet_index(path)
@@ -423,6 +563,9 @@ def test_pickles_without_open_decoders(marker_video: MarkerVideo, pyav_decoder: 
     assert copy.options == pyav_decoder.options
     np.testing.assert_array_equal(copy.decode(path, index, [7]), expected)
     copy.close()
+    # A worker's decoder keeps its pool's files open: the count travels with it (else it kept the default 64).
+    pool = pickle.loads(pickle.dumps(CpuFrameDecoder(options=pyav_decoder.options, files_in_use=100)))
+    assert pool.files_in_use == 100
 
 
 def test_options_validation() -> None:
