@@ -379,6 +379,34 @@ def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
     assert kept == {"long.mkv": 10, "long.mp4": 11} and budget // frames_bytes == 11
 
 
+def test_a_local_file_opened_through_fsspec_counts_no_read_ahead_block(marker_video: MarkerVideo, tmp_path) -> None:
+    """A container opened through fsspec's local filesystem holds its demuxer's tables but no remote read-ahead block
+    (8 MB each): counted as remote, 8 of 11 MKVs were kept where the budget holds 10."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    from lerobot_dali.cpu_decode_options import DEMUXER_BYTES_PER_PACKET, decoder_bytes
+
+    source = marker_video("h264", 30)
+    mkv = tmp_path / "clip.mkv"
+    with av.open(str(source)) as mp4, av.open(str(mkv), "w", format="matroska") as out:
+        stream = out.add_stream_from_template(mp4.streams.video[0])
+        for packet in mp4.demux(mp4.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    index = build_packet_index(mkv)
+    assert not index.byte_exact  # (opened as a container)
+    per_file = decoder_bytes(index.width, index.height, 1) + DEMUXER_BYTES_PER_PACKET * index.frame_count
+    options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_file)
+    decoder = CpuFrameDecoder(options=options)
+    reference = reference_frames(mkv)
+    for i in range(11):
+        got = decoder.decode(str(shutil.copy(mkv, tmp_path / f"{i}.mkv")), index, [40], filesystem=LocalFileSystem())
+        np.testing.assert_array_equal(got[0], reference[int(index.frame_pts[40])])
+    assert decoder.open_decoders == 10
+    decoder.close()
+
+
 def test_the_memory_bound_holds_as_decoders_fail_close_and_reopen(marker_video: MarkerVideo, tmp_path, monkeypatch):
     """The open decoders' memory is kept as a running total: a decoder dropped when its decode fails, or closed,
     gives its share back, so the budget keeps exactly as many open as before."""
@@ -483,6 +511,62 @@ def test_a_decoder_left_no_share_of_the_open_file_limit_closes_what_it_holds(
     np.testing.assert_array_equal(got[0], reference_frames(paths[2])[int(index.frame_pts[5])])
     assert decoder.open_decoders == 0
     decoder.close()
+
+
+def test_a_pool_one_file_over_the_budget_is_said_and_one_over_the_open_file_bound_by_a_miscount_is_not(
+    marker_video: MarkerVideo, tmp_path, caplog, monkeypatch
+) -> None:
+    """11 files in use with a budget for 10 is said (the cycle reopens a file per request); the open-file bound's
+    line is for a pool larger than the bound, not for one equal to it that a request outside the pool overflows."""
+    import logging
+
+    from lerobot_dali import open_files
+    from lerobot_dali.cpu_decode_options import decoder_bytes
+
+    source = marker_video("vp9", 2)
+    paths = [shutil.copy(source, tmp_path / f"{i}.mp4") for i in range(11)]
+    index = build_packet_index(source)
+    per_decoder = decoder_bytes(index.width, index.height, 1)
+    options = CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=10 * per_decoder)
+    decoder = CpuFrameDecoder(options=options, files_in_use=11)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        for path in paths:
+            decoder.decode(path, index, [5])
+    assert decoder.open_decoders == 10
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "up to 11 files are in use (episode pool x cameras) but 10 open decoders" in said
+    decoder.close()
+    monkeypatch.setattr(open_files, "open_files_limit", lambda: 10)  # (keeps 5)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), files_in_use=5)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        for path in paths[:6]:
+            decoder.decode(path, index, [5])
+    assert decoder.open_decoders == 5
+    assert [r.getMessage() for r in caplog.records] == []
+    decoder.close()
+
+
+def test_auto_threads_are_counted_as_ffmpeg_starts_them(marker_video: MarkerVideo, tmp_path, monkeypatch) -> None:
+    """``threads_per_decoder=0`` lets FFmpeg choose: the CPUs plus one, at most 16; the memory budget counts each
+    decoder's frames for that many threads."""
+    from lerobot_dali import cpu_decode
+    from lerobot_dali.cpu_decode_options import decoder_bytes
+
+    path = marker_video("h264", 30, height=240, width=320)
+    paths = [shutil.copy(path, tmp_path / f"{i}.mp4") for i in range(12)]
+    index = build_packet_index(path)
+    for cpus, threads in ((1, 2), (3, 4), (40, 16)):
+        monkeypatch.setattr(cpu_decode, "usable_cpus", lambda cpus=cpus: cpus)
+        budget = 10 * decoder_bytes(320, 240, threads)  # (11 of one thread fewer fit it; 8, the least, of 41)
+        options = CpuDecodeOptions(
+            backend=CpuDecoderBackend.PYAV, threads_per_decoder=0, max_decoder_memory_bytes=budget
+        )
+        decoder = CpuFrameDecoder(options=options)
+        for p in paths:
+            decoder.decode(p, index, [5])
+        assert decoder.open_decoders == 10, cpus
+        decoder.close()
 
 
 _FORK_DECODER: CpuFrameDecoder | None = None
