@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import logging
 import struct
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
@@ -19,11 +20,12 @@ import numpy as np
 import pytest
 
 import lerobot_dali.packet_index as packet_index
+from lerobot_dali import mp4_tables
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.generate import encode_video
-from lerobot_dali.mp4_tables import Mp4Track
+from lerobot_dali.mp4_tables import Mp4Track, read_mp4_tracks
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
-from tests.video_fixtures import MarkerVideo, cr5_video, r1_video, remux
+from tests.video_fixtures import MarkerVideo, _child_box, cr5_video, r1_video, remux
 
 _ARRAYS = ("pts", "dts", "byte_offset", "size_bytes", "keyframe", "hidden")
 _FIELDS = ("codec", "width", "height", "pix_fmt", "time_base", "template", "byte_exact", "file_size_bytes")
@@ -445,3 +447,111 @@ def test_a_corrupt_local_file_in_a_folder_named_timeout_is_still_corrupt(marker_
         except Exception as e:
             failures.append(type(e).__name__)
     assert failures and set(failures) == {"VideoDecodeError"}, failures
+
+
+def _with_box_payload(source: Path, target: Path, path: tuple[bytes, ...], edit: Callable[[bytes], bytes]) -> Path:
+    """``source`` (its moov after its mdat: no chunk offset moves) written to ``target`` with the payload of the box
+    at ``path`` (types from the top level down) replaced by ``edit(payload)``, its parents' sizes grown to match."""
+    raw = bytearray(source.read_bytes())
+    boxes: list[tuple[int, int]] = []
+    for kind in path:
+        boxes.append(_child_box(raw, kind, boxes[-1][0] + 8 if boxes else 0, boxes[-1][1] if boxes else len(raw)))
+    assert boxes[0][0] > _child_box(raw, b"mdat", 0, len(raw))[0], "moov before mdat: chunk offsets would move"
+    start, end = boxes[-1]
+    payload = edit(bytes(raw[start + 8 : end]))
+    for at, _ in boxes:
+        struct.pack_into(">I", raw, at, struct.unpack_from(">I", raw, at)[0] + len(payload) + 8 - (end - start))
+    raw[start + 8 : end] = payload
+    target.write_bytes(bytes(raw))
+    return target
+
+
+_TRAK = (b"moov", b"trak")
+_STBL = (*_TRAK, b"mdia", b"minf", b"stbl")
+
+
+def _track(path: Path) -> Mp4Track:
+    with open(path, "rb") as handle:
+        tracks = read_mp4_tracks(handle, path.stat().st_size)
+    assert tracks is not None and list(tracks) == [1]
+    return tracks[1]
+
+
+def test_composition_offsets_run_ctts_by_hand() -> None:
+    """ctts runs expand to one offset a sample; runs that cover more or fewer samples than stsz lists do not fit (the
+    index then demuxes): repeating them anyway gave a table of another length, which failed (zip strict) or misplaced
+    every later sample's offset."""
+    track = Mp4Track(1, 3, np.array([2, 1]), np.array([512, -512]), fragmented=False)
+    assert track.composition_offsets().tolist() == [512, 512, -512]
+    assert replace(track, sample_count=4).composition_offsets() is None
+    assert replace(track, sample_count=2).composition_offsets() is None
+    assert replace(track, ctts_counts=np.zeros(0, dtype=np.int64)).composition_offsets().tolist() == [0, 0, 0]
+
+
+def test_a_version_1_track_header_gives_its_track_id(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A tkhd of version 1 (64-bit times, as long recordings get) holds its track id 8 bytes further on: read at
+    version 0's place, it was the modification time's high word (0), and the track was not found (a whole demux)."""
+    source = marker_video("h264", 30)
+
+    def version_1(p: bytes) -> bytes:  # (creation and modification times, track id, reserved, duration: 32 -> 64 bits)
+        created, modified, track_id, reserved, duration = struct.unpack_from(">5I", p, 4)
+        return b"\x01" + p[1:4] + struct.pack(">QQIIQ", created, modified, track_id, reserved, duration) + p[24:]
+
+    path = _with_box_payload(source, tmp_path / "tkhd1.mp4", (*_TRAK, b"tkhd"), version_1)
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].id == 1
+    plain, wide = _track(source), _track(path)
+    assert wide.samples is not None and plain.samples is not None
+    for name in ("dts", "offset", "size", "keyframe"):
+        np.testing.assert_array_equal(getattr(wide.samples, name), getattr(plain.samples, name), err_msg=name)
+    index = build_packet_index(path)
+    np.testing.assert_array_equal(index.pts, build_packet_index(source).pts)
+
+
+def _append_sbgp(stbl: bytes) -> bytes:  # (a sample-to-group box of grouping type rap, no entries)
+    return stbl + struct.pack(">I4sI4sI", 20, b"sbgp", 0, b"rap ", 0)
+
+
+def _one_fewer_in_first_stts_run(stbl: bytes) -> bytes:
+    at = _child_box(stbl, b"stts", 0, len(stbl))[0] + 16  # (header, version and flags, entry count)
+    (count,) = struct.unpack_from(">I", stbl, at)
+    return stbl[:at] + struct.pack(">I", count - 1) + stbl[at + 4 :]
+
+
+def _one_fewer_per_chunk(stbl: bytes) -> bytes:
+    at = _child_box(stbl, b"stsc", 0, len(stbl))[0] + 20  # (header, version and flags, entry count, first chunk)
+    (per_chunk,) = struct.unpack_from(">I", stbl, at)
+    return stbl[:at] + struct.pack(">I", per_chunk - 1) + stbl[at + 4 :]
+
+
+@pytest.mark.parametrize(
+    "damage", [None, _append_sbgp, _one_fewer_in_first_stts_run, _one_fewer_per_chunk],
+    ids=["clean", "sample_groups", "stts_one_short", "stsc_one_short"],
+)  # fmt: skip
+def test_tables_that_do_not_add_up_or_hold_sample_groups_are_left_to_ffmpeg(
+    marker_video: MarkerVideo, tmp_path: Path, damage: Callable[[bytes], bytes] | None
+) -> None:
+    """The marker video's 90 samples lie in one chunk: stsc saying 89 a chunk, or stts timing 89, no longer add up to
+    stsz's 90 (read anyway, they gave 89 decode times, or failed on arrays of different lengths); sample groups may
+    make FFmpeg flag samples keyframes. Each leaves the samples unknown (FFmpeg's index or a demux instead)."""
+    source = marker_video("h264", 30)
+    path = source if damage is None else _with_box_payload(source, tmp_path / "damaged.mp4", _STBL, damage)
+    track = _track(path)
+    assert track.sample_count == 90
+    if damage is not None:
+        assert track.samples is None
+    else:
+        assert track.samples is not None
+        assert track.samples.dts.tolist() == [512 * i for i in range(90)]
+
+
+def test_an_stz2_count_must_fit_its_field_sizes() -> None:
+    """stz2 packs sizes of 4, 8 or 16 bits: 3 sizes of 4 bits take 2 bytes (the last half a byte). A box with one byte
+    of them cannot hold 3, and its count is not trusted (a damaged count made a huge array)."""
+
+    def stbl(count: int, packed: bytes) -> bytes:
+        payload = struct.pack(">I3xBI", 0, 4, count) + packed  # (version and flags, reserved, field size, count)
+        return struct.pack(">I4s", 8 + len(payload), b"stz2") + payload
+
+    for data, expected in [(stbl(3, b"\x12\x30"), 3), (stbl(3, b"\x12"), None), (stbl(2, b"\x12"), 2)]:
+        assert mp4_tables._sample_count(data, 0, len(data), file_size=1 << 20) == expected
