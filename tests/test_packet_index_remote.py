@@ -23,7 +23,7 @@ import lerobot_dali.packet_index as packet_index
 from lerobot_dali import mp4_tables
 from lerobot_dali.frame_marker import draw_marker
 from lerobot_dali.generate import encode_video
-from lerobot_dali.mp4_tables import Mp4Track, read_mp4_tracks
+from lerobot_dali.mp4_tables import Edit, Mp4Track, read_mp4_tracks
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
 from tests.video_fixtures import MarkerVideo, _child_box, cr5_video, r1_video, remux
 
@@ -477,6 +477,21 @@ def _track(path: Path) -> Mp4Track:
     return tracks[1]
 
 
+def _with_movie_timescale(source: Path, target: Path, timescale: int) -> Path:
+    """``source`` with its mvhd (version 0: the timescale after its creation and modification times) in
+    ``timescale``."""
+    return _with_box_payload(source, target, (b"moov", b"mvhd"),
+                             lambda p: p[:12] + struct.pack(">I", timescale) + p[16:])  # fmt: skip
+
+
+def _with_elst(source: Path, target: Path, entries: list[tuple[int, int, int, int]], *, version: int = 0) -> Path:
+    """``source`` with its edit list replaced by ``entries`` (duration in the movie's timescale, media time in the
+    track's, rate integer and fraction), as an elst box of ``version`` (1: 64-bit duration and media time)."""
+    entry = ">QqhH" if version == 1 else ">IihH"
+    body = struct.pack(">BxxxI", version, len(entries)) + b"".join(struct.pack(entry, *e) for e in entries)
+    return _with_box_payload(source, target, (*_TRAK, b"edts", b"elst"), lambda _: body)
+
+
 def test_composition_offsets_run_ctts_by_hand() -> None:
     """ctts runs expand to one offset a sample; runs that cover more or fewer samples than stsz lists do not fit (the
     index then demuxes): repeating them anyway gave a table of another length, which failed (zip strict) or misplaced
@@ -506,6 +521,52 @@ def test_a_version_1_track_header_gives_its_track_id(marker_video: MarkerVideo, 
         np.testing.assert_array_equal(getattr(wide.samples, name), getattr(plain.samples, name), err_msg=name)
     index = build_packet_index(path)
     np.testing.assert_array_equal(index.pts, build_packet_index(source).pts)
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_an_edit_is_read_in_media_ticks_rounded_down(marker_video: MarkerVideo, tmp_path: Path, version: int) -> None:
+    """1001 ms of the movie's 1/1000 s are 15375.36 ticks of the track's 1/15360 s: 15375 (FFmpeg rounds to the
+    nearest: the same here), from either elst version. Frames 0-30 (pts up to 30 * 512 = 15360) start before it: the
+    demuxer shows 31 frames."""
+    path = _with_elst(marker_video("h264", 30), tmp_path / "edit.mp4", [(1001, 1024, 1, 0)], version=version)
+    track = _track(path)
+    assert track.edits == (Edit(media_time=1024, duration=15375, normal_rate=True),)
+    assert track.samples is None  # (the edit hides frames 31-89: FFmpeg demuxes them flagged, not shown)
+    index = build_packet_index(path)
+    assert len(index.shown) == 31 and int(index.pts[index.shown].max()) == 30 * 512
+
+
+def test_an_edit_at_another_rate_is_not_a_plain_shift(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """The rate is 16.16 fixed point: integer 1, fraction 0x8000 is 1.5, not normal rate; the tables are then not read
+    as FFmpeg reads them (it applies other rates otherwise)."""
+    path = _with_elst(marker_video("h264", 30), tmp_path / "rate.mp4", [(3000, 1024, 1, 0x8000)])
+    track = _track(path)
+    assert track.edits == (Edit(media_time=1024, duration=46080, normal_rate=False),)
+    assert track.samples is None
+
+
+@pytest.mark.parametrize(
+    ("entries", "plain"),
+    [
+        ([(45569, 1024)], True),  # ends 1 tick after the last frame's start: every frame shown
+        ([(45568, 1024)], False),  # ends where the last frame starts: FFmpeg hides it
+        ([(100_000, -1)], False),  # one empty edit, longer than the media: no media plays
+    ],
+    ids=["past_last_frame", "at_last_frame", "empty_edit_only"],
+)
+def test_whether_one_edit_hides_a_sample_decides_whether_the_tables_are_read_plainly(
+    marker_video: MarkerVideo, tmp_path: Path, entries: list[tuple[int, int]], plain: bool
+) -> None:
+    """The movie in the track's timescale (1/15360 s), so an edit ends on a tick: the last frame's composition time is
+    1024 + 89 * 512 = 46592. An edit from 1024 that ends there hides it (a sample is shown before the edit's end),
+    one tick later hides none; the tables are read plainly only then, as the demuxer agrees."""
+    source = _with_movie_timescale(marker_video("h264", 30), tmp_path / "ticks.mp4", 15360)
+    path = _with_elst(source, tmp_path / "edit.mp4", [(d, t, 1, 0) for d, t in entries])
+    track = _track(path)
+    assert (track.samples is not None) is plain
+    if entries[0][1] >= 0:
+        index = build_packet_index(path)
+        assert index.hidden is None if plain else index.pts[index.hidden].tolist() == [89 * 512]
 
 
 def _append_sbgp(stbl: bytes) -> bytes:  # (a sample-to-group box of grouping type rap, no entries)
@@ -543,6 +604,17 @@ def test_tables_that_do_not_add_up_or_hold_sample_groups_are_left_to_ffmpeg(
     else:
         assert track.samples is not None
         assert track.samples.dts.tolist() == [512 * i for i in range(90)]
+
+
+def test_a_movie_timescale_of_0_leaves_the_edit_list_unknown(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str
+) -> None:
+    """A damaged mvhd whose timescale is 0 (FFmpeg then takes 1): the edit's duration cannot be scaled (it raised
+    ZeroDivisionError); the edit list is not known, and the index is the demuxer's."""
+    path = _with_movie_timescale(marker_video("h264", 30), tmp_path / "zero.mp4", 0)
+    track = _track(path)
+    assert track.edits is None and track.samples is None
+    assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
 
 
 def test_an_stz2_count_must_fit_its_field_sizes() -> None:
