@@ -8,6 +8,7 @@ import os
 import pickle
 import re
 import shutil
+import struct
 from collections.abc import Iterator
 from dataclasses import replace
 from fractions import Fraction
@@ -890,6 +891,42 @@ def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_segment_index(
                 build_packet_index(cut)
         else:
             assert build_packet_index(cut).frame_count == len(_decoded_pts(cut)) == 60
+
+
+@pytest.mark.parametrize("faststart", [False, True], ids=["moov_at_end", "faststart"])
+def test_a_plain_mp4_cut_short_is_named_by_the_box_it_cuts(
+    marker_video: MarkerVideo, tmp_path: Path, faststart: bool
+) -> None:
+    """A plain (unfragmented) MP4 cut within its last box: the moov (moov at the end) or the mdat (faststart) it cuts
+    is named, with where it ends and the file's size, from the box headers alone. A cut within another box at the end
+    (free: no media, no index) is no cut the boxes can tell."""
+    options = {"movflags": "faststart"} if faststart else {}
+    raw = remux(marker_video("h264", 30), tmp_path / "plain.mp4", **options).read_bytes()
+    kind, start, end = top_level_boxes(raw)[-1]
+    assert (kind, end) == ((b"mdat" if faststart else b"moov"), len(raw))
+    cut = len(raw) - 100
+    said = f"its {kind.decode()} box at byte {start} extends to byte {len(raw)} but the file has {cut} bytes"
+    assert mp4_file_cut(io.BytesIO(raw[:cut]), cut) == said
+    assert mp4_file_cut(io.BytesIO(raw), len(raw)) is None
+    padded = raw + struct.pack(">I4s", 108, b"free") + bytes(100)
+    assert mp4_file_cut(io.BytesIO(padded[:-50]), len(padded) - 50) is None
+
+
+def test_a_segment_index_entry_that_indexes_another_counts_its_size_only() -> None:
+    """A sidx reference's top bit is its type (1: it points at another sidx), the other 31 its size in bytes: read
+    whole, a hierarchical index's reference lay 2 GiB past the file's end, and a whole file was called cut short. Made
+    up: an ftyp, a sidx with one reference (type 1) over the 100-byte box after it, then that box."""
+
+    def file(size: int) -> bytes:
+        ftyp = struct.pack(">I4s4sI", 16, b"ftyp", b"isom", 0)
+        # (version and flags, reference id, timescale, earliest time, first offset, reserved, count; one reference)
+        sidx = struct.pack(">IIIIIHH", 0, 1, 1000, 0, 0, 0, 1) + struct.pack(">III", 1 << 31 | size, 1000, 0)
+        return ftyp + struct.pack(">I4s", 8 + len(sidx), b"sidx") + sidx + struct.pack(">I4s", 100, b"free") + bytes(92)
+
+    assert len(file(100)) == 16 + 44 + 100
+    assert mp4_file_cut(io.BytesIO(file(100)), 160) is None
+    said = "its segment index (the sidx box at byte 16) lists fragments to byte 161 but the file has 160 bytes"
+    assert mp4_file_cut(io.BytesIO(file(101)), 160) == said
 
 
 def test_a_fragmented_mp4_cut_between_fragments_is_refused_by_its_movie_duration(
