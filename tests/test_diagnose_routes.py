@@ -184,3 +184,54 @@ def test_diagnose_refuses_a_unions_camera_as_building_the_iterator_does(order, m
     (report,) = diagnose_dataset(opener(), machine=CPU)
     assert isinstance(built, str) and built.startswith(f"FrameTimestampError: dataset {shifted}, episode 0, ")
     assert report.error is None and report.route == "dali_cpu" and report.refused == built and not report.ok
+
+
+def test_a_cpu_router_chooses_for_the_cpu_without_probing_nvdec(make_ds, tmp_path, monkeypatch) -> None:
+    """With no device (a CPU iterator) a camera's route is chosen for the CPU whatever ``decode`` asks: decode='auto'
+    probed NVDEC with clips of the first file, and on a machine with a GPU gave a CPU iterator's camera NVDEC's
+    route."""
+    from lerobot_dali import decode_route
+
+    def probe(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("NVDEC probed for a CPU iterator")
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(decode_route, "_cached_or_probed", probe)
+    for codec, route in [("h264", "cpu_fallback"), ("vp9", "dali_cpu")]:
+        root = make_ds(episodes=1, frames_per_episode=4, cameras=1, codec=codec)
+        assert _iterator_routes(open_dataset(root), decode="auto") == {CAM: route}
+
+
+def test_a_unions_camera_counts_each_datasets_first_file_once(make_ds, tmp_path, monkeypatch, caplog) -> None:
+    """A union of a VP9 and an AV1 dataset: the camera goes to the workers, its codecs counted over the datasets'
+    first files, one each (the union's first episode counted among the others' too read "vp9 2 files")."""
+    import logging
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    union = concat_datasets([open_dataset(make_ds(**SPEC, codec="vp9")), open_dataset(make_ds(**SPEC, codec="av1"))])
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.decode_route"):  # (said once a process: DEBUG after)
+        assert _iterator_routes(union) == {CAM: "cpu_fallback"}
+    assert f"{CAM} (files of vp9 1 file, av1 1 file): decoded in the workers" in caplog.text
+
+
+def test_the_torchcodec_backend_is_refused_for_the_workers_cameras_but_not_depth_ones(monkeypatch) -> None:
+    """cpu_decode=torchcodec where torchcodec does not load: refused naming the cameras the workers decode, but not for
+    a depth camera (PyAV decodes its 12-bit codes whatever the backend) nor a camera DALI decodes; PyAV's backend
+    passes."""
+    from types import SimpleNamespace
+
+    from lerobot_dali import CpuDecodeOptions
+    from lerobot_dali.decode_route import DecodeRoute
+    from lerobot_dali.errors import CodecUnsupportedError
+
+    monkeypatch.setattr(camera_plan, "torchcodec_unavailable", lambda: "torchcodec is not installed")
+    check = camera_plan.CameraRouter.check_backend
+    router = SimpleNamespace(cpu_decode=CpuDecodeOptions(backend="torchcodec"), depth_quantizers={"depth"})
+    check(router, {"depth": DecodeRoute.CPU_FALLBACK, "rgb": DecodeRoute.DALI_CPU})
+    workers = {"depth": DecodeRoute.CPU_FALLBACK, "rgb": DecodeRoute.CPU_FALLBACK}
+    said = (
+        "cpu_decode=CpuDecodeOptions(backend=torchcodec) for cameras ['rgb'], which the workers decode, but torchcodec"
+    )
+    with pytest.raises(CodecUnsupportedError, match=re.escape(said)):
+        check(router, workers)
+    check(SimpleNamespace(cpu_decode=CpuDecodeOptions(backend="pyav"), depth_quantizers=set()), workers)
