@@ -116,6 +116,20 @@ def test_table_guess() -> None:
     assert nvdec_table_guess("mjpeg", L4) is False  # (DALI 2.4's GPU decoder refuses it: its list has it commented out)
 
 
+def test_table_guess_at_each_generations_edge() -> None:
+    """NVIDIA's decode matrix at the capabilities where an answer changes: Pascal (6.x) has H.264 and no AV1, Turing
+    (7.5) VP9, GA102 (8.6: RTX 3090, A40) is the first with AV1; GA10B (8.7) has it, and (8.1) is not in the table."""
+
+    def guess(codec: str, capability: tuple[int, int]) -> bool | None:
+        return nvdec_table_guess(codec, GpuInfo(device_id=0, name="gpu", compute_capability=capability))
+
+    assert guess("h264", (6, 0)) is True and guess("hevc", (6, 1)) is True
+    assert guess("h264", (5, 2)) is None and guess("h264", (0, 0)) is None  # (0, 0): a CPU-only torch's GPU
+    assert guess("av1", (6, 0)) is False and guess("av1", (6, 1)) is False
+    assert guess("av1", (8, 6)) is True and guess("av1", (8, 7)) is True and guess("av1", (8, 1)) is None
+    assert guess("vp9", (7, 5)) is True and guess("vp9", (7, 0)) is True and guess("vp9", (6, 1)) is None
+
+
 NOT_SUPPORTED = "Codec configuration not supported on this GPU"
 
 
@@ -159,6 +173,39 @@ def test_av1_without_nvdec_falls_back_with_one_log_line(caplog: pytest.LogCaptur
     assert f"(av1) ({NOT_SUPPORTED});" in lines[0]  # the probe's own words say why
 
 
+def test_a_route_uses_nvdec_only_where_a_gpu_is_known_to_decode_it() -> None:
+    """``nvdec_supported=None`` is "unknown", which is no: decode='gpu' refuses it rather than sending the camera to an
+    NVDEC not known to decode it; and without a GPU nothing goes to NVDEC, whatever the probe said."""
+    with pytest.raises(CodecUnsupportedError, match="NVDEC on NVIDIA L4 cannot decode it; use decode='auto'"):
+        choose_route("h264", decode="gpu", gpu=L4, nvdec_supported=None)
+    assert choose_route("h264", gpu=L4, nvdec_supported=None) is DecodeRoute.CPU_FALLBACK
+    assert choose_route("h264", gpu=None, nvdec_supported=True) is DecodeRoute.CPU_FALLBACK
+    assert choose_route("vp9", gpu=None, nvdec_supported=True) is DecodeRoute.DALI_CPU
+
+
+def test_decode_cpu_on_a_gpu_warns_of_no_fallback(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    """decode='cpu' is the user's choice: no "NVDEC cannot decode it" warning, which names a fault there is not."""
+    monkeypatch.setattr(decode_route, "_logged_fallbacks", set())
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.decode_route"):
+        assert choose_route("av1", decode="cpu", gpu=H200, nvdec_supported=False, label="cam") is (
+            DecodeRoute.CPU_FALLBACK
+        )
+        assert choose_route("h264", decode="cpu", gpu=H200, nvdec_supported=True, label="cam") is (
+            DecodeRoute.CPU_FALLBACK
+        )
+    assert caplog.records == []
+
+
+def test_a_codec_torchcodec_alone_decodes_goes_to_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchcodec brings an FFmpeg of its own, which may have a decoder PyAV's lacks: the workers decode it."""
+    monkeypatch.setattr(decode_route, "pyav_can_decode", lambda codec: False)
+    monkeypatch.setattr(decode_route, "torchcodec_available", lambda: True)
+    assert choose_route("evc", gpu=None, nvdec_supported=None) is DecodeRoute.CPU_FALLBACK
+    monkeypatch.setattr(decode_route, "torchcodec_available", lambda: False)
+    with pytest.raises(CodecUnsupportedError, match="No decoder handles evc"):
+        choose_route("evc", gpu=None, nvdec_supported=None)
+
+
 def test_route_errors() -> None:
     with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
         choose_route("h264", decode="gpu", gpu=None, nvdec_supported=None)
@@ -185,6 +232,21 @@ def test_route_for_video_without_driver(marker_video: MarkerVideo, monkeypatch: 
     h264 = marker_video("h264", 30)
     with pytest.raises(CodecUnsupportedError, match="no CUDA GPU"):
         route_for_video(h264, build_packet_index(h264), decode="gpu")
+
+
+def test_decode_cpu_starts_no_probe(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode='cpu' asks nothing of NVDEC: no probe process (a CUDA context of its own) where a driver is present."""
+
+    def no_probe(*args: object, **kwargs: object) -> None:
+        raise AssertionError("decode='cpu' probed NVDEC")
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "probe_gpu", no_probe)
+    for codec, route in (("h264", DecodeRoute.CPU_FALLBACK), ("vp9", DecodeRoute.DALI_CPU)):
+        path = marker_video(codec, 2)
+        assert route_for_video(path, build_packet_index(path), decode="cpu", label="cam") is route
+    assert decode_route._probe_cache == {}
 
 
 def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -315,6 +377,46 @@ def test_the_cpu_fallback_warning_names_reencode_where_a_copy_would_decode_on_nv
     (line,) = [r.getMessage() for r in caplog.records if f"cam ({codec})" in r.getMessage()]
     assert line.startswith(f"NVDEC on NVIDIA H200 cannot decode cam ({codec}) (not supported); decoding it on the CPU")
     assert line.endswith(decode_route.REENCODE_HINT) is hinted
+
+
+def test_the_reencode_hint_is_left_out_where_the_table_does_not_know_the_codec(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Pascal GPU (6.1) has H.264 but may have VP9: its refusal of VP9 is no sign that a copy in H.264 would do."""
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: "libnvcuvid.so.1")
+    monkeypatch.setattr(decode_route, "_logged_fallbacks", set())
+    pascal = GpuInfo(device_id=0, name="Tesla P40", compute_capability=(6, 1))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.decode_route"):
+        assert choose_route("vp9", gpu=pascal, nvdec_supported=False, label="cam") is DecodeRoute.DALI_CPU
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line == "NVDEC on Tesla P40 cannot decode cam (vp9); decoding it on the CPU (route dali_cpu)."
+
+
+def test_a_probe_checks_its_device_and_decodes_each_clips_first_frame_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the table does not know the GPU (a CPU-only torch: capability (0, 0)) a refusal is quoted without a claim
+    that its NVDEC lacks the codec; without ``frames``, frame 0 of every clip of the batch is decoded."""
+    with pytest.raises(ValueError, match="device_id must be >= 0, got -1"):
+        probe_gpu({"h264": np.zeros(8, np.uint8)}, device_id=-1)
+    unknown = GpuInfo(device_id=0, name="CUDA device 0", compute_capability=(0, 0))
+    asked: list[list[list[int]]] = []
+
+    def decode(clips, frames, device_id):
+        asked.append([f.tolist() for f in frames])
+        if len(clips) == 1:
+            raise RuntimeError("encountered:\n\nFailed to create video decoder\nC++ context: [x.cc:1]\n")
+        return [np.zeros((1, 2, 2, 3), np.uint8) for _ in clips]
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_detect_gpu", lambda device_id: unknown)
+    monkeypatch.setattr(decode_route, "decode_clip_batch", decode)
+    monkeypatch.setattr(decode_route, "nvcuvid_library", lambda: "libnvcuvid.so.1")
+    clip = np.zeros(8, np.uint8)
+    probe = probe_gpu({"av1": clip, "h264": [clip, clip, clip]}, isolate=False)
+    assert asked == [[[0]], [[0], [0], [0]]]
+    assert probe.nvdec == {"av1": False, "h264": True} and len(probe.decoded["h264"]) == 3
+    assert probe.errors == {"av1": "Failed to create video decoder"}
 
 
 def test_failed_probe_quotes_dalis_sentence_and_the_codec_the_gpu_lacks(

@@ -241,6 +241,31 @@ def test_a_union_whose_datasets_first_files_differ_in_codec_decodes_the_camera_i
         concat_datasets([paths[0], make_ds(**{**SPEC, "size": (64, 128)}, codec="h264")])
 
 
+def test_mixed_codecs_are_warned_of_where_a_dali_decoder_is_passed_over_and_refused_where_none_decodes_one(
+    caplog, monkeypatch
+) -> None:
+    """decode='cpu' on a GPU passes no DALI decoder over for H.264 and AV1 files: said at INFO, where decode='auto'
+    warns (NVDEC would take a copy in one codec). A codec PyAV and torchcodec lack is refused when routed, not when a
+    batch reaches its file."""
+    from lerobot_dali import decode_route
+
+    mixed = {"h264": 2, "av1": 1}
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.decode_route"):
+        assert route_for_codecs(mixed, decode="cpu", on_gpu=True, label="cam.cpu") is DecodeRoute.CPU_FALLBACK
+        assert route_for_codecs(mixed, decode="auto", on_gpu=True, label="cam.auto") is DecodeRoute.CPU_FALLBACK
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "cam.cpu (files of h264 2 files, av1 1 file): decoded in the workers (route cpu_fallback), a "
+         "decoder per file: NVDEC and DALI's CPU decoder take one codec"),
+        (logging.WARNING, "cam.auto (files of h264 2 files, av1 1 file): decoded in the workers (route cpu_fallback), "
+         "a decoder per file: NVDEC and DALI's CPU decoder take one codec; lerobot-dali reencode copies a dataset in "
+         "one codec"),
+    ]  # fmt: skip
+    monkeypatch.setattr(decode_route, "torchcodec_available", lambda: False)
+    with pytest.raises(CodecUnsupportedError, match=r"No decoder handles cam \(files of h264 1 file, evc 1 file\): "
+                       r"PyAV/torchcodec have none for \['evc'\]"):  # fmt: skip
+        route_for_codecs({"h264": 1, "evc": 1}, on_gpu=False, label="cam")
+
+
 def test_info_says_a_camera_of_few_files_mixes_codecs(make_ds, copy_ds, capsys) -> None:
     """`lerobot-dali info` probed the first file alone: a camera whose file-001 is AV1 among H.264 files read
     "codec h264" like a uniform one, though NVDEC and DALI's CPU decoder refuse it."""
