@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lerobot_dali.dataset_info import DatasetInfo, Feature, VideoInfo, format_path, template_pattern
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import (
     CameraSelectionError,
@@ -820,6 +821,8 @@ def test_unsupported_version(v3: Path) -> None:
         ("fps", None, r"fps must be a positive number, got None; set fps in meta/info\.json to the frame rate"),
         ("fps", "thirty", r"fps must be a positive number, got 'thirty'; set fps in meta/info\.json"),
         ("fps", 0, r"fps must be a positive number, got 0; set fps in meta/info\.json to the frame rate"),
+        ("fps", float("inf"), r"fps must be a positive number, got inf; set fps in meta/info\.json"),
+        ("fps", float("nan"), r"fps must be a positive number, got nan; set fps in meta/info\.json"),
     ],
 )
 def test_counts_in_info_json_that_are_not_whole_numbers_are_named(v3: Path, key: str, value, pattern: str) -> None:
@@ -922,6 +925,101 @@ def test_bad_path_templates(v3: Path, template: str, message: str) -> None:
     _edit_info(v3, data_path=template)
     with pytest.raises(InvalidPathTemplateError, match=message):
         open_dataset(v3)
+
+
+def _parsed_info(**changes: object) -> DatasetInfo:
+    """A minimal v3.0 info.json, edited by ``changes``, parsed without any dataset files."""
+    raw = {
+        "codebase_version": "v3.0",
+        "fps": 10,
+        "features": {"action": {"dtype": "float32", "shape": [6]}},
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        **changes,
+    }
+    return DatasetInfo.from_json(raw, source="meta/info.json")
+
+
+def test_info_json_counts_and_rates_read_as_written() -> None:
+    """The smallest counts allowed are read (chunks_size 1, totals 0), an absent chunks_size is LeRobot's 1000 (r1's
+    info.json has none), and rates keep their fraction: an fps of 12.5 read as 12 puts every lookup off."""
+    info = _parsed_info(chunks_size=1, total_episodes=0, total_frames=0, total_tasks=0)
+    assert (info.chunks_size, info.total_episodes, info.total_frames, info.total_tasks) == (1, 0, 0, 0)
+    r1 = shared_dataset("r1_v30_h264") / "meta/info.json"
+    assert DatasetInfo.from_json(json.loads(r1.read_text()), source=str(r1)).chunks_size == 1000
+    camera = {"dtype": "video", "shape": [64, 96, 3], "info": {"video.fps": 29.97, "video.codec": "h264"}}
+    info = _parsed_info(
+        fps=12.5, features={"cam": camera}, video_path="videos/{video_key}/{chunk_index}-{file_index}.mp4"
+    )
+    assert info.fps == 12.5 and info.features["cam"].video.fps == 29.97
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "../data/file-{file_index:03d}.parquet",  # (never filled before the first file is read)
+        "data/{chunk_index}/../../../file-{file_index}.parquet",
+    ],
+)
+def test_a_path_template_leaving_the_dataset_is_refused_when_info_json_is_read(template: str) -> None:
+    """Checked when info.json is parsed (no file read yet), not first in a worker process filling it."""
+    with pytest.raises(InvalidPathTemplateError, match=r"meta/info\.json: data_path .*outside the dataset root"):
+        _parsed_info(data_path=template)
+
+
+@pytest.mark.parametrize(
+    ("template", "values"),
+    [
+        ("data/../..", {}),  # (normalises to "..", the dataset's parent itself)
+        ("s3://bucket/file-{file_index:03d}.parquet", {"file_index": 1}),
+        ("\\\\server\\share\\file-{file_index}.parquet", {"file_index": 1}),
+    ],
+)
+def test_filled_paths_outside_the_dataset_are_refused(template: str, values: dict) -> None:
+    with pytest.raises(InvalidPathTemplateError, match=r"outside the dataset root"):
+        format_path(template, values)
+    # A path inside the dataset is given back normalised.
+    assert (
+        format_path("data/./chunk-{chunk_index:03d}/x/../f.parquet", {"chunk_index": 7}) == "data/chunk-007/f.parquet"
+    )
+
+
+def test_a_template_pattern_matches_the_paths_the_template_fills_and_no_deeper_ones() -> None:
+    """A field not captured matches within one path segment: a file in a subfolder of a chunk is not a video file."""
+    pattern = template_pattern(
+        "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4", {"video_key": "[^/]+"}
+    )
+    assert re.fullmatch(pattern, "videos/observation.images.top/chunk-000/file-012.mp4")["video_key"] == (
+        "observation.images.top"
+    )
+    assert re.fullmatch(pattern, "videos/cam/chunk-000/old/file-000.mp4") is None
+
+
+def test_a_dimension_of_size_zero_is_a_shape() -> None:
+    """An empty vector (shape [0]) is declared as sizes >= 0 allow; only negative sizes are refused (above)."""
+    assert Feature.from_json("x", {"dtype": "float32", "shape": [0]}).shape == (0,)
+    assert Feature.from_json("x", {"dtype": "float32", "shape": [2, 0]}).shape == (2, 0)
+
+
+def test_a_cameras_declared_size_comes_from_its_video_info_or_its_named_shape() -> None:
+    """The size is the video info's where it gives both sides, else the shape's by its names, else unknown: a half
+    of the video info, or names that do not name each dimension, give no size."""
+
+    def size(shape: list[int], names: object, info: dict | None = None) -> tuple[int, int] | None:
+        raw = {"dtype": "video", "shape": shape, "names": names, **({"info": info} if info else {})}
+        return Feature.from_json("cam", raw).declared_size
+
+    assert size([480, 640, 3], ["height", "width", "channels"], {"video.height": 360, "video.width": 320}) == (360, 320)
+    assert size([480, 640, 3], ["height", "width", "channels"], {"video.height": 360}) == (480, 640)
+    assert size([3, 240, 320], ["Channels", "Height", "Width"]) == (240, 320)
+    assert size([3, 240, 320], ["height", "width"]) is None
+    assert size([240, 320, 3], None) is None
+
+
+def test_a_v20_cameras_video_info_is_read() -> None:
+    """v2.0 wrote a camera's video info under 'video_info' (GR00T's dataset), later versions under 'info'."""
+    path = shared_dataset("gr00t_v20_h264") / "meta/info.json"
+    info = DatasetInfo.from_json(json.loads(path.read_text()), source=str(path))
+    assert info.features["observation.images.ego_view"].video == VideoInfo(codec="h264", fps=20.0, pix_fmt="yuv420p")
 
 
 def test_missing_data_and_video_files(v3: Path) -> None:
