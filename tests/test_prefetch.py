@@ -410,6 +410,126 @@ def test_an_entry_cut_short_during_the_run_is_read_remotely(tmp_path: Path, capl
     assert "fewer than its 10000 bytes" in caplog.text and fs.counters["remote_reads"] >= 1
 
 
+@pytest.mark.parametrize(("start", "end"), [(5, 5), (-1, 5), (7, 3)])
+def test_a_byte_range_that_is_empty_or_starts_before_the_file_is_refused(start: int, end: int) -> None:
+    """An empty range would be an entry of 0 bytes that covers no byte, and a negative start no offset a read can
+    seek to: both are refused where they are made, naming the range."""
+    with pytest.raises(ValueError, match=rf"byte range of f must satisfy 0 <= start < end, got \[{start}, {end}\)"):
+        ByteRange("f", start, end)
+    assert ByteRange("f", 0, 1).size == 1 and ByteRange("f", 4, 9).size == 5
+
+
+def test_a_fetch_longer_than_its_range_raises_and_writes_nothing(tmp_path: Path) -> None:
+    """Only the exact length is a range's bytes: a fetch that answers more (a server ignoring the range's end) is
+    refused like a short one, not stored as an entry larger than what the bound counted."""
+    blob = random.Random(17).randbytes(5000)
+    cache = RangeCache(tmp_path / "cache", max_bytes=4000)
+    key = ByteRange("f.bin", 0, 4000, cache_version(5000, "e1"))
+    with pytest.raises(OSError, match=r"f\.bin: fetched 4001 bytes for range \[0, 4000\)"):
+        cache.acquire("a", [key], lambda k: blob[k.start : k.end + 1])
+    assert cache.bytes_cached == 0 == _disk_bytes(tmp_path / "cache") and not cache.holds(key)
+
+
+def test_a_released_range_taken_again_is_not_evicted_while_held(tmp_path: Path) -> None:
+    """A released entry reused by the next owner leaves the evictable ones: room made for another range evicts what
+    is still released, never the range an owner holds again."""
+    blob = random.Random(18).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    first, second = ByteRange("p", 0, 600), ByteRange("p", 600, 1000)
+    cache.acquire("a", [first, second], _fetcher(blob, []))
+    cache.release("a")
+    calls: list[ByteRange] = []
+    assert cache.acquire("b", [first], _fetcher(blob, calls)) == 0  # reused: held by b again
+    cache.acquire("c", [ByteRange("q", 0, 400)], _fetcher(blob, calls))  # room: only `second` may go
+    assert cache.holds(first) and not cache.holds(second) and cache.stats.evicted_ranges == 1
+    cache.acquire("d", [ByteRange("r", 0, 1)], _fetcher(blob, calls))  # full of held ranges: refused
+    assert cache.holds(first) and cache.stats.refused_ranges == 1 and cache.bytes_cached == 1000
+    [(start, end, file)] = list_entries(entry_dir(tmp_path, "p"))
+    assert (start, end, file.read_bytes()) == (0, 600, blob[:600])
+
+
+def test_a_range_stays_held_by_the_owner_that_fetched_it_when_a_sharer_releases_it(tmp_path: Path) -> None:
+    """The owner that fetched a range holds it as much as one that reused it: the sharer's release leaves it held, so
+    room made for another range does not evict it."""
+    blob = random.Random(19).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    shared = ByteRange("p", 0, 600)
+    cache.acquire("a", [shared], _fetcher(blob, []))  # fetched by a
+    cache.acquire("b", [shared], _fetcher(blob, []))  # reused by b
+    cache.acquire("x", [ByteRange("p", 600, 1000)], _fetcher(blob, []))
+    cache.release("b")  # a still holds it
+    cache.release("x")
+    cache.acquire("c", [ByteRange("q", 0, 400)], _fetcher(blob, []))
+    assert cache.holds(shared) and not cache.holds(ByteRange("p", 600, 1000)) and cache.stats.evicted_ranges == 1
+    cache.acquire("d", [ByteRange("r", 0, 1)], _fetcher(blob, []))
+    assert cache.holds(shared) and cache.stats.refused_ranges == 1
+
+
+def test_a_range_an_owner_already_holds_is_neither_fetched_nor_counted_again(tmp_path: Path) -> None:
+    """An owner acquiring a range it holds (its episode admitted again before its release) saves no request: no
+    fetch, no reuse counted, and one release lets it go."""
+    blob = bytes(range(100))
+    cache = RangeCache(tmp_path, max_bytes=100)
+    key = ByteRange("p", 0, 100)
+    calls: list[ByteRange] = []
+    assert cache.acquire("a", [key], _fetcher(blob, calls)) == 100
+    assert cache.acquire("a", [key, key], _fetcher(blob, calls)) == 0
+    assert calls == [key] and cache.stats.fetched_ranges == 1 and cache.stats.reused_ranges == 0
+    cache.release("a")
+    cache.acquire("b", [ByteRange("q", 0, 100)], _fetcher(blob, calls))  # a's range is evictable after one release
+    assert not cache.holds(key) and cache.bytes_cached == 100 == _disk_bytes(tmp_path)
+
+
+def test_an_evicted_range_no_longer_counts_as_evictable(tmp_path: Path) -> None:
+    """Bytes freed by evicting are no longer evictable: a range that does not fit beside the held ones afterwards is
+    refused evicting nothing, not after evicting the released entries it counted twice."""
+    blob = random.Random(20).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    cache.acquire("a", [ByteRange("p", 0, 400)], _fetcher(blob, []))
+    cache.release("a")
+    cache.acquire("b", [ByteRange("p", 200, 1000)], _fetcher(blob, []))  # 800 held: evicts a's 400
+    released = ByteRange("q", 0, 200)
+    cache.acquire("c", [released], _fetcher(blob, []))
+    cache.release("c")  # 1000 cached, 200 of them evictable
+    cache.acquire("d", [ByteRange("r", 0, 300)], _fetcher(blob, []))  # 800 held + 300 > 1000
+    assert cache.stats.refused_ranges == 1 and cache.stats.evicted_ranges == 1 and cache.holds(released)
+    assert cache.bytes_cached == 1000 == _disk_bytes(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["10-10-00000000.bin", "10-10-00000000.adopted"])
+def test_an_earlier_runs_file_naming_an_empty_range_is_deleted_not_adopted(tmp_path: Path, name: str) -> None:
+    """A file in an entry's folder named as an entry of no bytes (its size matches: 0) is no entry this cache writes:
+    the next run deletes it and opens (adopting it raised ValueError), keeping the true entry beside it."""
+    blob = bytes(range(100))
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, []))
+    first.close()
+    odd = entry_dir(tmp_path, "p", "v1") / name
+    odd.write_bytes(b"")
+    second = RangeCache(tmp_path, max_bytes=1000)
+    assert not odd.exists() and second.bytes_cached == 100 == _disk_bytes(tmp_path)
+    calls: list[ByteRange] = []
+    assert second.acquire("b", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, calls)) == 0 and calls == []
+
+
+def test_an_earlier_runs_entry_cut_short_is_deleted_and_fetched_again(tmp_path: Path) -> None:
+    """An entry cut short between runs (a crash as the disk filled) is no entry: adoption deletes it rather than
+    counting bytes the disk does not hold, and the range is fetched again whole."""
+    blob = random.Random(21).randbytes(3000)
+    keys = [ByteRange("p", 0, 1000, "v1"), ByteRange("p", 1000, 3000, "v1")]
+    first = RangeCache(tmp_path, max_bytes=10_000)
+    first.acquire("a", keys, _fetcher(blob, []))
+    first.close()
+    cut = _entry_file(tmp_path, keys[1])
+    cut.write_bytes(cut.read_bytes()[:1500])
+    second = RangeCache(tmp_path, max_bytes=10_000)
+    assert not cut.exists() and second.bytes_cached == 1000 == _disk_bytes(tmp_path)
+    calls: list[ByteRange] = []
+    assert second.acquire("b", keys, _fetcher(blob, calls)) == 2000 and calls == [keys[1]]
+    readable = [(a, b, f.read_bytes()) for a, b, f in list_entries(entry_dir(tmp_path, "p", "v1"))]
+    assert readable == [(0, 1000, blob[:1000]), (1000, 3000, blob[1000:])]
+
+
 # -- read-through files -------------------------------------------------------------------------------------
 def test_cached_file_reads_equal_remote_bytes_and_skip_the_remote_when_covered(tmp_path: Path) -> None:
     root = tmp_path / "remote"
