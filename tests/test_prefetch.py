@@ -588,6 +588,30 @@ def test_cat_file_counts_negative_bounds_from_the_end(tmp_path: Path) -> None:
     assert fs.counters["cached_reads"] > 0 and fs.counters["remote_reads"] > 0
 
 
+def test_cat_file_from_byte_zero_and_ranges_ending_before_they_start(tmp_path: Path) -> None:
+    """A start of 0 is the file's first byte, not a bound counted from the end; a range ending at or before its start
+    is empty, as the slice of the file's bytes is, not the rest of the file."""
+    blob, fs = _partly_cached(tmp_path, seed=22, cached=(1000, 3000))
+    remote = FakeRemoteFileSystem(str(tmp_path))
+    assert fs.cat_file("f.bin", 0, 10) == blob[:10] == remote.cat_file("f.bin", 0, 10)
+    assert fs.cat_file("f.bin", 0, 2000) == blob[:2000]  # remote gap, then the entry
+    assert fs.cat_file("f.bin", 0) == blob and fs.cat_file("f.bin", 0, -4990) == blob[:10]
+    for start, end in [(2500, 1500), (100, 50), (-10, -20), (3000, 3000)]:
+        assert fs.cat_file("f.bin", start, end) == b"" == blob[start:end], (start, end)
+
+
+def test_a_file_rewritten_with_another_size_under_the_same_version_is_not_read_from_old_entries(tmp_path: Path) -> None:
+    """A file's cache version names its size as well as its etag/mtime: a file replaced within the mtime's second
+    (the same version string) by one of another size reads its new bytes, never the old content's entries."""
+    old, fs = _partly_cached(tmp_path, seed=24, cached=(0, 5000))
+    new = random.Random(25).randbytes(6000)
+    (tmp_path / "f.bin").write_bytes(new)
+    stamps = {"f.bin": type("Stamp", (), {"size": len(new), "version": "e1"})()}
+    fs = CachedFileSystem(FakeRemoteFileSystem(str(tmp_path)), tmp_path / "cache", stamps)
+    assert fs.cat_file("f.bin", 100, 200) == new[100:200] != old[100:200]
+    assert fs.cat_file("f.bin") == new and fs.counters["cached_reads"] == 0
+
+
 def test_a_remote_file_shorter_than_its_listing_raises_instead_of_reading_short(tmp_path: Path) -> None:
     """A remote file cut to 3,000 of its listed 5,000 bytes read back 3,000 bytes without a word, whatever the
     cache held past the cut; now the read names the file, the byte it ends at and the fix."""
