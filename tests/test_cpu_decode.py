@@ -348,6 +348,17 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     decoder.close()
 
 
+def _remux_to_mkv(source: Path, mkv: Path) -> Path:
+    """``source``'s packets in Matroska, a container the packet index opens as such (no byte-exact MP4 tables)."""
+    with av.open(str(source)) as mp4, av.open(str(mkv), "w", format="matroska") as out:
+        stream = out.add_stream_from_template(mp4.streams.video[0])
+        for packet in mp4.demux(mp4.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    return mkv
+
+
 def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
     """An open container holds its file's index (~50 bytes a packet): 192 open MP4s of 30,000 64x64 frames held
     270 MB where their decoders' frames were estimated at 14 MB, so the budget did not bound a worker's memory. A
@@ -357,13 +368,7 @@ def test_an_open_long_file_counts_its_demuxers_tables(tmp_path) -> None:
 
     source = tmp_path / "long.mp4"
     encode_video(source, (np.full((64, 64, 3), i % 256, np.uint8) for i in range(3000)), fps=15, codec="h264", gop=30)
-    mkv = tmp_path / "long.mkv"
-    with av.open(str(source)) as mp4, av.open(str(mkv), "w", format="matroska") as out:
-        stream = out.add_stream_from_template(mp4.streams.video[0])
-        for packet in mp4.demux(mp4.streams.video[0]):
-            if packet.dts is not None:
-                packet.stream = stream
-                out.mux(packet)
+    _remux_to_mkv(source, tmp_path / "long.mkv")
     frames_bytes = decoder_bytes(64, 64, 1)
     kept = {}
     for name in ("long.mkv", "long.mp4"):
@@ -387,13 +392,7 @@ def test_a_local_file_opened_through_fsspec_counts_no_read_ahead_block(marker_vi
     from lerobot_dali.cpu_decode_options import DEMUXER_BYTES_PER_PACKET, decoder_bytes
 
     source = marker_video("h264", 30)
-    mkv = tmp_path / "clip.mkv"
-    with av.open(str(source)) as mp4, av.open(str(mkv), "w", format="matroska") as out:
-        stream = out.add_stream_from_template(mp4.streams.video[0])
-        for packet in mp4.demux(mp4.streams.video[0]):
-            if packet.dts is not None:
-                packet.stream = stream
-                out.mux(packet)
+    mkv = _remux_to_mkv(source, tmp_path / "clip.mkv")
     index = build_packet_index(mkv)
     assert not index.byte_exact  # (opened as a container)
     per_file = decoder_bytes(index.width, index.height, 1) + DEMUXER_BYTES_PER_PACKET * index.frame_count
