@@ -282,3 +282,59 @@ def test_an_av1_frame_zeroed_on_disk_raises_as_missing(marker_video: MarkerVideo
     pts = int(index.frame_pts[40])
     np.testing.assert_array_equal(decoder.decode(path, index, [40])[0], reference_frames(clean, {pts})[pts])
     decoder.close()
+
+
+def _zeroed_in_memory(clean: Path, position: int, name: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """``clean`` with the packet at decode ``position`` zeroed, in fsspec's memory filesystem (a file that is not
+    local, so decoded from an open container: PyAvReader)."""
+    index = build_packet_index(clean)
+    raw = bytearray(clean.read_bytes())
+    start = int(index.byte_offset[position])
+    raw[start : start + int(index.size_bytes[position])] = bytes(int(index.size_bytes[position]))
+    memory = fsspec.filesystem("memory")
+    memory.pipe(f"/v/{name}", bytes(raw))
+    return memory, f"/v/{name}"
+
+
+def test_an_av1_last_frame_zeroed_raises_as_missing_on_the_container_path(marker_video: MarkerVideo) -> None:
+    """The file's last packet zeroed: dav1d takes it without an error and shows nothing, and no packet follows to
+    fail, so the container reader's "no frame at pts" error is all that tells of it (no test reached it; without it
+    the frame was silently absent). The frame before it decodes exactly."""
+    clean = marker_video("av1", 30)
+    memory, path = _zeroed_in_memory(clean, 89, "last_zeroed.mp4")
+    index = build_packet_index(path, filesystem=memory)
+    assert index.display_order[89] == 89  # (AV1 here has no reordering: the last packet shows last)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"^/v/last_zeroed\.mp4: the decoder produced no frame at pts 2\.966667 s \(1 requested frames missing\); "
+        r"the file is corrupt or truncated",
+    ):
+        decoder.decode(path, index, [88, 89], filesystem=memory)
+    pts = int(index.frame_pts[88])
+    np.testing.assert_array_equal(
+        decoder.decode(path, index, [88], filesystem=memory)[0], reference_frames(clean, {pts})[pts]
+    )
+    decoder.close()
+    memory.rm(path)
+
+
+def test_a_flagged_keyframe_the_decoder_refuses_is_a_corrupt_file_not_a_mid_gop_cut(marker_video: MarkerVideo) -> None:
+    """The second GOP's keyframe zeroed on a container route: dav1d shows nothing for it and refuses the next packet.
+    A flagged keyframe refused is damage ("decoding failed"); only the file's unflagged first packet may be said to
+    start the file mid-GOP, which would send a user to cut frames of a file that needs downloading again. The GOP
+    before decodes exactly."""
+    clean = marker_video("av1", 30)
+    memory, path = _zeroed_in_memory(clean, 30, "key_zeroed.mp4")
+    index = build_packet_index(path, filesystem=memory)
+    assert index.keyframe[30]
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(VideoDecodeError, match=r"^/v/key_zeroed\.mp4: decoding failed \(.*Invalid data") as raised:
+        decoder.decode(path, index, [31], filesystem=memory)
+    assert "mid-GOP" not in str(raised.value)
+    pts = int(index.frame_pts[29])
+    np.testing.assert_array_equal(
+        decoder.decode(path, index, [29], filesystem=memory)[0], reference_frames(clean, {pts})[pts]
+    )
+    decoder.close()
+    memory.rm(path)
