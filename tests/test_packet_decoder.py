@@ -91,3 +91,61 @@ def test_a_decoder_shared_by_files_of_one_template_names_the_file_decoded(
                 decoder.decode_packets(index, plan, payloads)
     finally:
         decoder.close()
+
+
+class _MisshowingCodec:
+    """A codec context whose decoder misshows what it decodes: each frame twice (``repeat``), or the frame of pts
+    ``inter_pts`` as an inter picture; a decoder of a damaged or odd stream may do either, and says nothing."""
+
+    def __init__(self, codec: object, *, repeat: bool = False, inter_pts: int | None = None) -> None:
+        self.codec, self.repeat, self.inter_pts = codec, repeat, inter_pts
+
+    def decode(self, packet: av.Packet | None) -> list[av.VideoFrame]:
+        frames = []
+        for frame in self.codec.decode(packet):  # type: ignore[attr-defined]
+            if frame.pts == self.inter_pts:
+                frame.pict_type = av.video.frame.PictureType.P
+            frames.extend([frame, frame] if self.repeat else [frame])
+        return frames
+
+    def flush_buffers(self) -> None:
+        self.codec.flush_buffers()  # type: ignore[attr-defined]
+
+
+def test_a_frame_shown_twice_is_refused_as_out_of_order(marker_video: MarkerVideo) -> None:
+    """Each packet carries its own display rank as pts, so a frame shown twice (equal pts) is a decoder misshowing the
+    stream, as a swap is: refused like one (pts equal counts as out of order), not handed over for the next frame."""
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [3, 4])
+    decoder = PacketDecoder(index, threads=1)
+    decoder.codec = _MisshowingCodec(decoder.codec, repeat=True)  # type: ignore[assignment]
+    with pytest.raises(
+        VideoDecodeError, match=r"shows frames in another order .*\(pts 0\.000000 s after 0\.000000 s\)"
+    ):
+        decoder.frames_at(index, plan, read_packet_payloads(path, index, plan), lambda frame: frame.pts)
+    decoder.close()
+
+
+def test_a_keyframe_shown_as_an_inter_picture_is_refused(marker_video: MarkerVideo) -> None:
+    """A run's keyframe must show first as an intra picture: one shown as an inter picture (a sync sample that is no
+    random-access point) is refused, naming its time, where its frames would be predicted from pictures never fed.
+    The same request decodes exactly from a sound decoder (so the refusal is the keyframe's alone)."""
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [31, 32])
+    payloads = read_packet_payloads(path, index, plan)
+    decoder = PacketDecoder(index, threads=1)
+    sound = decoder.codec
+    decoder.codec = _MisshowingCodec(sound, inter_pts=0)  # type: ignore[assignment]  # (rank 0: the run's keyframe)
+    with pytest.raises(
+        VideoDecodeError, match=r"the keyframe at pts 1\.000000 s is not an intra picture when decoding"
+    ):
+        decoder.frames_at(index, plan, payloads, lambda frame: frame.pts)
+    decoder.codec = sound
+    found = decoder.frames_at(index, plan, payloads, lambda frame: frame.to_ndarray(format="rgb24"))
+    reference = reference_frames(path, keep_pts=index.pts_of_frames([31, 32]).tolist())
+    assert sorted(found) == [1, 2]  # (ranks in the clip: keyframe 30 is rank 0)
+    for rank, pts in zip((1, 2), sorted(reference), strict=True):
+        np.testing.assert_array_equal(found[rank], reference[pts])
+    decoder.close()
