@@ -338,3 +338,39 @@ def test_a_flagged_keyframe_the_decoder_refuses_is_a_corrupt_file_not_a_mid_gop_
     )
     decoder.close()
     memory.rm(path)
+
+
+class _TwiceShownPacket:
+    """A demuxed packet whose decoding shows each of its frames twice, as a decoder misshowing a damaged stream may."""
+
+    def __init__(self, packet: object) -> None:
+        self.packet = packet
+        self.pts, self.is_discard = packet.pts, packet.is_discard  # type: ignore[attr-defined]
+
+    def decode(self) -> list[object]:
+        return [shown for frame in self.packet.decode() for shown in (frame, frame)]  # type: ignore[attr-defined]
+
+
+def test_a_frame_shown_twice_is_refused_on_the_container_path(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The packet index refuses files whose packets share a pts, so a frame shown twice on the container route is the
+    decoder misshowing the stream: refused as out of order (equal pts counts), not handed over as a second frame."""
+    import lerobot_dali.pyav_reader as pyav_reader
+
+    demuxed = pyav_reader.packets_from_keyframe
+    monkeypatch.setattr(
+        pyav_reader, "packets_from_keyframe", lambda *args: (_TwiceShownPacket(p) for p in demuxed(*args))
+    )
+    clean = marker_video("h264", 30)
+    memory = fsspec.filesystem("memory")
+    memory.pipe("/v/twice.mp4", clean.read_bytes())
+    index = build_packet_index("/v/twice.mp4", filesystem=memory)
+    decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
+    with pytest.raises(
+        VideoDecodeError,
+        match=r"^/v/twice\.mp4: the decoder shows frames in another order .*\(pts 1\.000000 s after 1\.000000 s\)",
+    ):
+        decoder.decode("/v/twice.mp4", index, [31], filesystem=memory)
+    decoder.close()
+    memory.rm("/v/twice.mp4")
