@@ -266,6 +266,35 @@ def test_fixed_scale_without_rotation_scales_about_the_centre() -> None:
             np.testing.assert_array_equal(channel, expected)
 
 
+def _dot_through_affine(affine: RandomAffine, resize: tuple[int, int] | None, shift: tuple[float, float]) -> tuple:
+    """A dot at row 5, column 30 of a 20 x 40 (h x w) frame through ``affine`` (translation fed as ``shift``, the
+    (dx, dy) fractions): where the dot went, (row, column), or None where it left the frame."""
+    dot = np.zeros((1, 1, 20, 40, 3), dtype=np.uint8)
+    dot[0, 0, 5, 30] = 255
+    config = AugmentConfig(resize=resize, affine=affine)
+
+    def graph(x: DataNode) -> DataNode:
+        draws = {}
+        if "affine_translate" in draw_names(config):
+            value = np.array([shift], dtype=np.float32)
+            draws["affine_translate"] = fn.external_source(source=_constant_batch(value), batch=True)
+        return augment_frames(x, config=config, camera_index=0, draws=draws, return_uint8=True)
+
+    out = run(graph, dot)[0][0][0, 0, 0]
+    return None if out.max() == 0 else tuple(int(i) for i in np.unravel_index(np.argmax(out), out.shape))
+
+
+@pytest.mark.parametrize("resize", [None, (20, 40)], ids=["runtime-size", "known-size"])
+def test_affine_on_a_wide_frame_turns_about_its_centre_and_shifts_by_width_and_height(
+    resize: tuple[int, int] | None,
+) -> None:
+    """Every other affine test ran on square frames, where (w, h) and (h, w) agree: a centre or a shift scale taken as
+    (h, w) passed them. 180 degrees about (x, y) = (20, 10) takes pixel (5, 30) to (14, 9); about (10, 20) it leaves
+    the frame. A shift of (0.1, 0.2) of (width, height) is 4 columns and 4 rows (of (height, width): 2 and 8)."""
+    assert _dot_through_affine(RandomAffine(degrees=(180.0, 180.0)), resize, (0.0, 0.0)) == (14, 9)
+    assert _dot_through_affine(RandomAffine(translate=(0.1, 0.2)), resize, (0.1, 0.2)) == (9, 34)
+
+
 def test_affine_moves_the_jittered_frame_so_the_uncovered_area_stays_black() -> None:
     # The affine runs after the colour jitter and the sharpness (LeRobot's default order: its listed tfs, affine
     # last): it ran first, so contrast 0.8 turned the black it uncovered to 26 (LeRobot's frames of r1_v30_h264 at
@@ -675,6 +704,21 @@ def test_jitter_numbers_follow_torchvision_ranges() -> None:
     assert GaussianBlur(sigma=(0.1, 2.0)).effective_kernel_size == 2 * math.ceil(6.0) + 1
 
 
+def test_the_documented_range_ends_are_accepted() -> None:
+    """ColorJitter's hue takes a number up to 0.5 and RandomAffine's translate fractions in [0, 1], ends included; the
+    tests refused only values past them, so a bound made strict (hue 0.5 or translate 1.0 refused) passed."""
+    assert ColorJitter(hue=0.5).hue == (-0.5, 0.5)
+    assert RandomAffine(translate=(1.0, 1.0)).translate == (1.0, 1.0)
+
+
+def test_grey_frames_neither_apply_nor_draw_saturation_and_hue() -> None:
+    """for_channels(1) zeroes both; with the hue left, a grey camera drew a hue it never applies (its draws named
+    differently from what the graph of a grey camera takes)."""
+    config = AugmentConfig(color_jitter=ColorJitter(brightness=0.2, saturation=0.3, hue=0.1)).for_channels(1)
+    assert config.color_jitter == ColorJitter(brightness=0.2)
+    assert draw_names(config) == ("brightness",)
+
+
 def test_normalize_from_lerobot_stats() -> None:
     stats = {
         "observation.images.top": {"mean": [[[0.1]], [[0.2]], [[0.3]]], "std": [[[0.5]], [[0.25]], [[0.125]]]},
@@ -706,6 +750,9 @@ def test_stats_of_the_wrong_length_are_named_as_the_datasets() -> None:
         r"2 mean/std values for the camera's 3 channel\(s\); expected one per channel, or one for all\. "
     )):  # fmt: skip
         config.with_stats(two, ["cam"], source="ds")
+    grey_stds = {"cam": {"mean": rgb, "std": [[[0.1]], [[0.2]], [[0.3]]]}}  # equal means, 3 different stds
+    with pytest.raises(StatsError, match=r"camera 'cam' is grey \(1 channel\) but its statistics hold 3 different"):
+        config.with_stats(grey_stds, ["cam"], source="ds", channels={"cam": 1})  # (the stds were not compared)
     for stats, channels, mean in (({"cam": {"mean": [0.1], "std": [0.3]}}, 3, (0.1,)),
                                   ({"cam": {"mean": rgb, "std": rgb}}, 1, (0.5,))):  # fmt: skip
         assert config.with_stats(stats, ["cam"], source="ds", channels={"cam": channels}).normalize["cam"].mean == mean

@@ -173,6 +173,7 @@ def test_subset_of_as_many_as_weighted_applies_every_one() -> None:
     assert (draws["brightness"] > 1.05).all() and (draws["hue"] >= 0.1).all()
     # unweighted factors apply to every sample, as without a subset
     assert (draws["contrast"] < 0.95).all() and (draws["saturation"] > 1.15).all()
+    assert config.random_subset is not None and config.random_subset.count == 2  # (count read max_num_transforms: 9)
 
 
 def test_subset_turns_a_constant_member_into_a_draw_and_skips_identities() -> None:

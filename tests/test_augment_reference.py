@@ -164,10 +164,15 @@ def test_a_ratio_whose_fallback_window_is_empty_is_refused(ratio: tuple[float, f
     assert RandomResizedCrop(size=(16, 16), ratio=ratio) == crop  # (the crop alone, its frames unknown, is valid)
 
 
-def test_a_ratio_whose_fallback_window_is_one_pixel_crops_it() -> None:
-    config = AugmentConfig(resize=(32, 32), random_resized_crop=RandomResizedCrop(size=(16, 16), ratio=(63.0, 63.0)))
+@pytest.mark.parametrize("ratio", [63.0, 1 / 63], ids=["one-row", "one-column"])
+def test_a_ratio_whose_fallback_window_is_one_pixel_crops_it(ratio: float) -> None:
+    """Both ends of the ratio: 32 / 63 and 32 * (1 / 63) are 0.51, which rounds to 1 pixel (truncated, 0: refused)."""
+    config = AugmentConfig(resize=(32, 32), random_resized_crop=RandomResizedCrop(size=(16, 16), ratio=(ratio, ratio)))
     data = np.zeros((B, 1, 32, 32, 3), dtype=np.uint8)
-    data[:, :, 15] = 200  # no try fits: the fallback, 32 x 1, rows [15, 16)
+    if ratio > 1:
+        data[:, :, 15] = 200  # no try fits: the fallback, 32 x 1 (w x h), rows [15, 16)
+    else:
+        data[:, :, :, 15] = 200  # the fallback, 1 x 32, columns [15, 16)
     out = augment(data, config, seed=1, return_uint8=True)
     assert out.shape == (B, 1, 3, 16, 16)
     assert (out == 200).all()
