@@ -168,6 +168,21 @@ def test_plan_handles_open_gop_leading_pictures() -> None:
     assert sparse.relative_indices.tolist() == [7, 0]
 
 
+def test_an_open_gop_run_spans_every_needed_frame_whatever_order_they_display_in() -> None:
+    """The one open-GOP run starts at the earliest keyframe any needed frame needs and stops after the latest packet
+    any needs, not at those of the first and last frames in display order: a B-picture displays before a P-picture
+    decoded earlier, and a picture may display after a later keyframe it precedes in decode order."""
+    late = plan_clip(OPEN, [8, 7])  # display 7 is decode position 8, after display 8 (position 7)
+    assert late.segments == ((4, 9),)
+    assert late.packet_positions.tolist() == [4, 7, 8] and late.relative_indices.tolist() == [2, 1]
+    # Decode order pts 0K 5 1 3K 4 2: pts 5 (GOP 0) displays after the keyframe pts 3; pts 2 leads that keyframe.
+    crossing = _synthetic([0, 5, 1, 3, 4, 2], [True, False, False, True, False, False])
+    assert crossing.has_leading_pictures
+    plan = plan_clip(crossing, [5, 4])
+    assert plan.segments == ((0, 5),)
+    assert plan.relative_indices.tolist() == [4, 3]  # clip display order: pts 0 1 3 4 5
+
+
 def test_plan_without_leading_keyframe_starts_at_zero() -> None:
     index = _synthetic([0, 1, 2, 3], [False, False, True, False])
     assert plan_clip(index, [1]).segments == ((0, 2),)
@@ -187,6 +202,8 @@ def test_plan_rejects_bad_requests() -> None:
         plan_clip(CLOSED, [])
     with pytest.raises(FrameRequestError, match="frame index 9 is outside"):
         plan_clip(CLOSED, [0, 9])
+    with pytest.raises(FrameRequestError, match="frame index -1 is outside"):  # (not an edit list's hidden frame)
+        plan_clip(CLOSED, [3, -1])
     with pytest.raises(FrameRequestError, match="integers"):
         plan_clip(CLOSED, [0.5])
 
@@ -243,6 +260,27 @@ def test_generated_clips_decode_to_requested_frames(marker_video: MarkerVideo, c
     for frame_index, frame in decoded:
         episode = int(np.searchsorted(EPISODE_STARTS, frame_index, side="right") - 1)
         assert read_marker(frame) == (episode, frame_index - EPISODE_STARTS[episode])
+
+
+def test_clip_packets_keep_their_keyframe_flags_and_display_ranks(marker_video: MarkerVideo) -> None:
+    """A clip's sync-sample table flags exactly the source's keyframes (a decoder that reads the clip's index, as
+    DALI's does, may start at any flagged sample; FFmpeg's demuxer re-flags H.264 packets by parsing them, so the
+    ``stss`` itself is read) and its packets are timed pts = display rank x a constant step, in decode order (DALI's
+    ``frames=`` counts pts ranks; PyAV decoding in output order alone does not see a wrong pts)."""
+    path = marker_video("h264", 30)  # (B-frames: decode order is not display order)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [5, 40, 75])
+    assert len(plan.segments) == 3
+    clip = build_clip(path, index, [5, 40, 75])
+    (track,) = read_mp4_tracks(io.BytesIO(clip.data.tobytes()), clip.data.nbytes).values()
+    assert track.samples is not None
+    assert track.samples.keyframe.tolist() == index.keyframe[plan.packet_positions].tolist()
+    with av.open(io.BytesIO(clip.data.tobytes())) as container:
+        pts = np.array([p.pts for p in container.demux(video=0) if p.size])
+    step = int(np.diff(np.sort(pts)).min())
+    rank = np.argsort(np.argsort(index.pts[plan.packet_positions]))
+    assert step > 0 and (pts - pts.min()).tolist() == (rank * step).tolist()
+    assert rank.tolist() != list(range(len(rank)))  # (else decode order would do)
 
 
 def test_sparse_clip_is_small(marker_video: MarkerVideo) -> None:
@@ -406,8 +444,11 @@ def test_runs_joined_at_open_keyframes_read_only_the_packets_between(
     reads: list[list[int]] = []
     read = clips.read_packet_payloads
 
+    segments: list[tuple[tuple[int, int], ...]] = []
+
     def spy(source: Any, index: PacketIndex, plan: clips.ClipPlan, **kwargs: Any) -> list[bytes]:
         reads.append(plan.packet_positions.tolist())
+        segments.append(plan.segments)
         return read(source, index, plan, **kwargs)
 
     monkeypatch.setattr(clips, "read_packet_payloads", spy)
@@ -417,6 +458,12 @@ def test_runs_joined_at_open_keyframes_read_only_the_packets_between(
     clip = build_clip(path, index, window)
     gaps = [p for p in range(runs.segments[0][0], runs.segments[-1][1]) if p not in set(runs.packet_positions.tolist())]
     assert reads == [runs.packet_positions.tolist(), gaps] and len(gaps) > 10
+    # Each gap is read from the keyframe at or before it (where a demuxer can seek), up to the gap's end.
+    keys = index.keyframe_positions.tolist()
+    gap_starts = [p for p in gaps if p - 1 not in gaps]
+    gap_stops = [p + 1 for p in gaps if p + 1 not in gaps]
+    from_keys = [max(k for k in keys if k <= start) for start in gap_starts]
+    assert segments[1] == tuple(zip(from_keys, gap_stops, strict=True)) and from_keys != gap_starts
     assert clip.frame_count == runs.segments[-1][1] - runs.segments[0][0]
     _check_clips(path, index, [window])
 
@@ -661,6 +708,27 @@ def test_a_clip_from_a_keyframe_that_is_no_idr_carries_the_parameter_sets(
             frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
         assert [read_marker(frames[r]) for r in clip.relative_indices.tolist()] == [(0, f) for f in window]
     assert h264_parameter_sets(b"") is None and h264_parameter_sets(b"\x01\x64\x00\x1f\xff\xe1\x00\x40\x67") is None
+
+
+def test_a_keyframe_that_is_no_idr_carrying_its_own_parameter_sets_gets_no_second_copy(tmp_path: Path) -> None:
+    """A clip whose first packet (an I picture at a recovery point) carries its own SPS and PPS, as an encoder that
+    repeats headers writes it, is muxed as it is: the avcC's are added only where the packet has none."""
+    from lerobot_dali.sequence_headers import h264_parameter_sets
+
+    path = encode_open_keyframes(tmp_path / "open_keyframes.mp4")
+    index = build_packet_index(path)
+    with av.open(str(path)) as container:
+        extradata = container.streams.video[0].codec_context.extradata
+    assert extradata[4] & 3 == 3  # (4-byte NAL lengths)
+    units = h264_parameter_sets(extradata)
+    plan = plan_clip(index, [10, 11, 12])
+    payloads = read_packet_payloads(path, index, plan)
+    own = b"".join(len(unit).to_bytes(4, "big") + unit for unit in units) + payloads[0]
+    clip = clips.remux_clip(index, plan, [own, *payloads[1:]])
+    types = _annexb_unit_types(clip)
+    assert types[0] == [7, 8, 6, 1] and sum(t.count(7) for t in types) == 1, types[:3]
+    frames = _decode_clip(clip)
+    assert [read_marker(frames[r]) for r in plan.relative_indices.tolist()] == [(0, 10), (0, 11), (0, 12)]
 
 
 def test_a_clip_reordered_deeper_than_dalis_gpu_decoder_holds_is_refused(marker_video: MarkerVideo) -> None:
