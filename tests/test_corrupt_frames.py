@@ -234,6 +234,14 @@ def test_damaged_keyframe_raises_on_the_container_path(
         np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
 
 
+def _in_memory(data: bytes, name: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """``data`` as file ``/v/{name}`` of fsspec's memory filesystem: a file that is not local, so decoded from an open
+    container (PyAvReader)."""
+    memory = fsspec.filesystem("memory")
+    memory.pipe(f"/v/{name}", data)
+    return memory, f"/v/{name}"
+
+
 def test_timestamps_against_the_decoders_order_raise_on_the_container_path(
     marker_video: MarkerVideo, tmp_path: Path
 ) -> None:
@@ -242,8 +250,7 @@ def test_timestamps_against_the_decoders_order_raise_on_the_container_path(
     does, and a frame before the damage decodes exactly."""
     clean = marker_video("h264", 30)
     path = _reordered(clean, tmp_path)
-    memory = fsspec.filesystem("memory")
-    memory.pipe("/v/reordered.mp4", path.read_bytes())
+    memory, _ = _in_memory(path.read_bytes(), "reordered.mp4")
     index = build_packet_index("/v/reordered.mp4", filesystem=memory)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     with pytest.raises(
@@ -285,15 +292,12 @@ def test_an_av1_frame_zeroed_on_disk_raises_as_missing(marker_video: MarkerVideo
 
 
 def _zeroed_in_memory(clean: Path, position: int, name: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """``clean`` with the packet at decode ``position`` zeroed, in fsspec's memory filesystem (a file that is not
-    local, so decoded from an open container: PyAvReader)."""
+    """``clean`` with the packet at decode ``position`` zeroed, in fsspec's memory filesystem (:func:`_in_memory`)."""
     index = build_packet_index(clean)
     raw = bytearray(clean.read_bytes())
     start = int(index.byte_offset[position])
     raw[start : start + int(index.size_bytes[position])] = bytes(int(index.size_bytes[position]))
-    memory = fsspec.filesystem("memory")
-    memory.pipe(f"/v/{name}", bytes(raw))
-    return memory, f"/v/{name}"
+    return _in_memory(bytes(raw), name)
 
 
 def test_an_av1_last_frame_zeroed_raises_as_missing_on_the_container_path(marker_video: MarkerVideo) -> None:
@@ -363,8 +367,7 @@ def test_a_frame_shown_twice_is_refused_on_the_container_path(
         pyav_reader, "packets_from_keyframe", lambda *args: (_TwiceShownPacket(p) for p in demuxed(*args))
     )
     clean = marker_video("h264", 30)
-    memory = fsspec.filesystem("memory")
-    memory.pipe("/v/twice.mp4", clean.read_bytes())
+    memory, _ = _in_memory(clean.read_bytes(), "twice.mp4")
     index = build_packet_index("/v/twice.mp4", filesystem=memory)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     with pytest.raises(
