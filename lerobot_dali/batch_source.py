@@ -48,7 +48,7 @@ from .video_source import open_video_source
 from .windows import PAD_SUFFIX, query_indices
 from .worker_errors import carry_to_trainer
 from .worker_start import log_like_trainer
-from .yuv_frames import PlaneFrames, stream_color
+from .yuv_frames import PlaneFrames, ships_half_chroma, stream_color
 
 if TYPE_CHECKING:
     from .camera_codecs import FileFormat
@@ -150,6 +150,9 @@ class SourceSpec:
     #: Per video camera, the format of its first file (:class:`CameraFormat`): the route and the batch shape rest
     #: on it, so a file that differs fails naming itself.
     camera_formats: Mapping[str, CameraFormat] = dataclass_field(default_factory=dict)
+    #: Per video camera, its first file's pixel format (None: not known), which sizes the planes its workers ship
+    #: in :func:`batch_bytes_estimate` (the workers convert any format, so other files may differ).
+    pix_fmts: Mapping[str, str | None] = dataclass_field(default_factory=dict)
     #: Depth-map cameras (their feeds say ``depth``): the quantiser of each, and the unit they are read in.
     depth_quantizers: Mapping[str, DepthQuantizer] = dataclass_field(default_factory=dict)
     #: Image cameras of depth, with the unit their images are stored in (None: not said, read as stored).
@@ -214,10 +217,10 @@ def _decodes_distinct(spec: SourceSpec, camera: str) -> bool:
 
 
 def batch_bytes_estimate(spec: SourceSpec) -> int:
-    """About the bytes of one batch the workers hand over in shared memory: its frames (RGB, 4:2:0 planes of even
-    sides at half that (a 10-bit or 4:2:2 camera ships as much as RGB and is underestimated),
-    depth as float32; a clip at a sixteenth of its frames' RGB, about a keyframe's share), which outweigh the
-    tabular columns. It bounds the batches the workers may hold at once (:func:`~.dali_graph.source_queue_depth`)."""
+    """About the bytes of one batch the workers hand over in shared memory: its frames (RGB; planes of 8-bit 4:2:0
+    files with even sides at half that, others at RGB's size, by the camera's first file; depth as float32; a clip at
+    a sixteenth of its frames' RGB, about a keyframe's share), which outweigh the tabular columns. It bounds the
+    batches the workers may hold at once (:func:`~.dali_graph.source_queue_depth`)."""
     per_sample = 0
     for camera, feed in spec.camera_feeds.items():
         shape = spec.camera_formats.get(camera)
@@ -227,7 +230,7 @@ def batch_bytes_estimate(spec: SourceSpec) -> int:
         pixels = height * width * len(spec.delta_index.get(camera, (0,)))
         if feed.depth:
             per_sample += 4 * pixels
-        elif feed.planes and not (height % 2 or width % 2):  # (odd sides, and other formats, ship full chroma)
+        elif feed.planes and not (height % 2 or width % 2) and ships_half_chroma(spec.pix_fmts.get(camera)):
             per_sample += 3 * pixels // 2
         elif feed.route.dali_device is None:
             per_sample += 3 * pixels

@@ -243,6 +243,8 @@ class CameraPlanner(CameraRouter):
     share_clips: bool = False
     camera_formats: dict[str, CameraFormat] = field(init=False, repr=False)
     color_fixes: dict[str, tuple[tuple[float, ...], ...]] = field(init=False, repr=False)
+    #: Each video camera's first file's pixel format (None: not known).
+    pix_fmts: dict[str, str | None] = field(init=False, repr=False)
 
     def choose_routes(
         self, preference: DecodePreference, first_rows: Mapping[str, np.ndarray] | None
@@ -269,6 +271,7 @@ class CameraPlanner(CameraRouter):
                           "" if self.image_size is None else " before image_size resizes them")  # fmt: skip
         self.camera_formats = self.check_cameras(routes, indexes, first_rows, dict(zip(firsts, others, strict=True)))
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
+        self.pix_fmts = {camera: index.pix_fmt for camera, index in indexes.items()}
         return routes
 
     def plan_feeds(self, routes: Mapping[str, DecodeRoute]) -> dict[str, CameraFeed]:

@@ -249,7 +249,7 @@ class DALILeRobotIterator:
             if store is not None:  # (a sweep a day at most)
                 store.prune_unused()
         self.routes = planner.choose_routes(preference, first_rows)
-        self._camera_formats = planner.camera_formats
+        self._camera_formats, self._pix_fmts = planner.camera_formats, planner.pix_fmts
         warn_undeclared_columns(self.reader)
         self._feeds = planner.plan_feeds(self.routes)
         self._tabular_keys = tuple(self.reader.tabular_keys)
@@ -514,6 +514,7 @@ class DALILeRobotIterator:
             depth_image_units=self._depth_image_units,
             depth_unit=self._depth_unit,
             camera_formats=self._camera_formats,
+            pix_fmts=self._pix_fmts,
             seed=self._stream.order.options.seed,
             rank=self.rank,
             augment=self._augment,

@@ -44,6 +44,7 @@ __all__ = [
     "has_color_matrix",
     "nvdec_color_fix",
     "reformat_array",
+    "ships_half_chroma",
     "stack_planes",
     "stream_color",
     "swscale_colors",
@@ -222,6 +223,12 @@ def reformat_array(frame: av.VideoFrame, **options: Any) -> np.ndarray:
 def _plane(plane: av.video.plane.VideoPlane, height: int, width: int) -> np.ndarray:
     rows = np.frombuffer(memoryview(plane), dtype=np.uint8).reshape(-1, plane.line_size)
     return rows[:height, :width]
+
+
+def ships_half_chroma(pix_fmt: str | None) -> bool:
+    """Whether frames of ``pix_fmt`` ship as the decoder's 4:2:0 planes, half RGB's bytes (None: not known, taken
+    as LeRobot's 8-bit 4:2:0); every other format ships at RGB's size (:func:`frame_planes`)."""
+    return pix_fmt is None or pix_fmt in _PLANAR_420
 
 
 def frame_planes(frame: av.VideoFrame) -> FramePlanes:

@@ -3,6 +3,7 @@ and schedules only its ``prefetch_queue_depth`` batches ahead, so the graph must
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import lerobot_dali.iterator as iterator_module
-from lerobot_dali.batch_source import BatchSource, batch_bytes_estimate
+from lerobot_dali.batch_source import BatchSource, SourceSpec, batch_bytes_estimate
+from lerobot_dali.cpu_decode_options import ColorConversion, CpuDecodeOptions
 from lerobot_dali.dali_graph import source_queue_depth
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -70,11 +72,31 @@ def test_a_batch_is_estimated_by_its_frames(make_ds) -> None:
     assert _estimate(clips, batch_size=4) == 4 * 96 * 128 * 3 // 16
 
 
+def test_planes_are_estimated_by_the_first_files_pixel_format(make_ds) -> None:
+    """Planes (the graph converts) of an 8-bit 4:2:0 file at 1.5 bytes a pixel; of any other format, which the
+    worker converts to RGB and ships at its size (4:4:4, 10-bit), at 3: counted at 1.5, a 4:4:4 camera's batches
+    overfilled /dev/shm twice over."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=2, codec="av1", fps=10, episodes_per_file=2, gop=2)
+    spec = _spec(root, batch_size=2, cpu_decode=CpuDecodeOptions(color_conversion=ColorConversion.GRAPH))
+    assert dict(spec.pix_fmts) == {"observation.images.cam0": "yuv420p", "observation.images.cam1": "yuv420p"}
+    assert batch_bytes_estimate(spec) == 2 * 2 * 96 * 128 * 3 // 2
+    other = dataclasses.replace(spec, pix_fmts={**spec.pix_fmts, "observation.images.cam1": "yuv444p"})
+    assert batch_bytes_estimate(other) == 2 * 96 * 128 * (3 + 6) // 2  # (1.5 + 3 bytes a pixel)
+    ten_bit = dataclasses.replace(spec, pix_fmts=dict.fromkeys(spec.pix_fmts, "yuv420p10le"))
+    assert batch_bytes_estimate(ten_bit) == 2 * 2 * 96 * 128 * 3
+    unknown = dataclasses.replace(spec, pix_fmts={})
+    assert batch_bytes_estimate(unknown) == batch_bytes_estimate(spec)
+
+
 def _estimate(root: Path, **options) -> int:
+    return batch_bytes_estimate(_spec(root, **options))
+
+
+def _spec(root: Path, **options) -> SourceSpec:
     it = DALILeRobotIterator(root, shuffle=False, device="cpu", num_workers=0, **options)
     try:
         iter(it)  # (builds the pipeline, and with it the workers' spec)
-        return batch_bytes_estimate(it._spec)
+        return it._spec
     finally:
         it.close()
 
