@@ -26,6 +26,7 @@ def test_delta_index_is_rounded_seconds_times_fps() -> None:
     np.testing.assert_array_equal(w.delta_index["action"], [-2, -1, 0, 1])
     np.testing.assert_array_equal(w.delta_index["observation.state"], [3])
     assert w.delta_timestamps["action"] == (-0.2, -0.1, 0.0, 0.1)
+    assert DeltaWindows(delta_timestamps={"a": [1 / 30]}, fps=30).delta_timestamps["a"] == (1 / 30,)  # as given
 
 
 def test_half_frame_rounds_to_even_like_python_round() -> None:
@@ -91,6 +92,8 @@ def test_query_indices_over_episodes_of_different_lengths() -> None:
     np.testing.assert_array_equal(pad, [[True, False, True], [False, False, True], [True, False, False]])
     with pytest.raises(IndexError, match="frame_index"):
         query_indices(3, 3, [0])
+    with pytest.raises(IndexError, match="frame_index"):
+        query_indices(-1, 3, [1])
 
 
 def test_matches_lerobot_absolute_index_formula() -> None:
@@ -128,6 +131,8 @@ def test_deltas_within_tolerance_are_accepted() -> None:
 def test_invalid_specifications() -> None:
     with pytest.raises(DeltaTimestampsError, match="non-empty list"):
         _windows({"action": []})
+    with pytest.raises(DeltaTimestampsError, match="non-empty list of seconds, got '0.1'"):
+        _windows({"action": "0.1"})  # type: ignore[dict-item]
     with pytest.raises(DeltaTimestampsError, match="finite"):
         _windows({"action": [float("nan")]})
     said = (
@@ -137,6 +142,8 @@ def test_invalid_specifications() -> None:
         _windows({"actoin": [0.0]}, feature_keys=["action"])
     with pytest.raises(ValueError, match="fps"):
         DeltaWindows(delta_timestamps={"action": [0.0]}, fps=0)
+    with pytest.raises(ValueError, match="fps must be a positive number, got True"):
+        DeltaWindows(delta_timestamps={"action": [0.0]}, fps=True)
     with pytest.raises(TypeError, match=r"delta_timestamps must map keys to lists of seconds, got <class 'list'>"):
         DeltaWindows(delta_timestamps=[("action", [0.0])], fps=10)  # type: ignore[arg-type]
     for tolerance_s in (-1e-4, float("inf"), float("nan")):  # an infinite tolerance would accept any delta
