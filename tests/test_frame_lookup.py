@@ -19,8 +19,10 @@ from lerobot_dali.dataset_reader import VideoRef, open_dataset
 from lerobot_dali.errors import DataFileError, FrameTimestampError
 from lerobot_dali.frame_lookup import (
     ITERATORS_LOOKUP,
+    FrameLookup,
     FrameRequestContext,
     TimestampSource,
+    episode_frames,
     file_frame_numbers,
     frame_index_timestamps_s,
     nearest_frame_indices,
@@ -429,3 +431,27 @@ def test_query_off_by_exactly_tolerance_plus_rounding_is_accepted() -> None:
     np.testing.assert_array_equal(got, [0, 2])
     with pytest.raises(FrameTimestampError):
         nearest_frame_indices(index, [0.376], tolerance_s=0.25, rounding_s=0.125)
+
+
+def test_a_files_lookup_refuses_rows_off_their_frame_or_in_the_next_episode() -> None:
+    # Frames at 0, 0.1, ..., 0.9 s; the episode holds [0, 0.72) of the file, so frames 0 to 6 (the next one's from
+    # 0.67 s on, half a frame before 0.72 s; a frame within half a frame of its start, 0.3 s for 0.32 s, is its own).
+    index = _constant_rate_index(10, 10)
+    assert episode_frames(index, 0.32, 0.72) == range(3, 7)
+    reader, video = _one_episode_reader(10, 10.0), VideoRef("long.mp4", 0.0, 0.72)
+    lookup = partial(
+        file_frame_numbers, reader, "c", index, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4
+    )
+    rows = {"timestamp": np.array([0.0, 0.05, 0.6, 0.7])}
+    assert lookup([(0, rows, np.array([0, 2]), video)])[0].tolist() == [0, 6]
+    with pytest.raises(FrameTimestampError, match=r"query timestamp 0\.050000 s has no video frame"):
+        lookup([(0, rows, np.array([0, 1]), video)])  # (50 ms off both frames)
+    with pytest.raises(FrameTimestampError, match=r"reads video frame 7 .* outside this episode's part of the file"):
+        lookup([(0, rows, np.array([0, 3]), video)])
+
+
+def test_a_datasets_own_lookup_overrides_the_iterators() -> None:
+    parquet, by_index = TimestampSource.PARQUET_TIMESTAMP, TimestampSource.FRAME_INDEX
+    assert ITERATORS_LOOKUP.over(parquet, 1e-4) == (parquet, 1e-4)
+    assert FrameLookup(tolerance_s=0.02).over(parquet, 1e-4) == (parquet, 0.02)
+    assert FrameLookup(timestamp_source="frame_index").over(parquet, 1e-4) == (by_index, 1e-4)
