@@ -455,3 +455,10 @@ def test_a_datasets_own_lookup_overrides_the_iterators() -> None:
     assert ITERATORS_LOOKUP.over(parquet, 1e-4) == (parquet, 1e-4)
     assert FrameLookup(tolerance_s=0.02).over(parquet, 1e-4) == (parquet, 0.02)
     assert FrameLookup(timestamp_source="frame_index").over(parquet, 1e-4) == (by_index, 1e-4)
+
+
+def test_a_stored_times_rounding_is_half_a_float32_step() -> None:
+    # float32 steps 2**-12 s (244 us) from 2,048 s to 4,096 s, 2**-23 s from 1 s to 2 s; float64 times are exact.
+    rounding_s = frame_lookup._stored_time_rounding_s(np.array([3000.0, 1.5], dtype=np.float32))
+    np.testing.assert_array_equal(rounding_s, [2.0**-13, 2.0**-24])
+    assert frame_lookup._stored_time_rounding_s(np.array([3000.0])) == 0.0
