@@ -446,3 +446,41 @@ def test_a_batch_carries_every_index_column_the_keys_leave_out_once() -> None:
         f"action{PAD_SUFFIX}",
     ]
     assert all(f.kind is FieldKind.TABULAR for f in fields)
+
+
+def _stub_reader(read_episode, **features: tuple[bool, bool]) -> SimpleNamespace:
+    """A reader of one episode whose tabular ``features`` are ``name=(is_scalar, is_host_value)``."""
+    info = SimpleNamespace(
+        features={k: SimpleNamespace(is_scalar=s, is_host_value=h) for k, (s, h) in features.items()}
+    )
+    return SimpleNamespace(num_episodes=1, info=info, tabular_keys=list(features), read_episode=read_episode)
+
+
+def test_first_episode_rows_and_listed_scalars_of_a_stub_reader() -> None:
+    from lerobot_dali.batch_shapes import first_episode_rows, listed_scalars
+    from lerobot_dali.errors import DatasetError
+
+    asked: list[list[str]] = []
+    rows = {"reward": np.zeros((3, 1)), "done": np.zeros(3)}
+    reader = _stub_reader(lambda pos, keys: asked.append(keys) or rows, reward=(True, False), done=(True, False),
+                          task=(True, True), state=(False, False))  # fmt: skip
+    assert first_episode_rows(reader) is rows and asked == [["reward", "done"]]  # (not the host value, nor state)
+    assert listed_scalars(reader, rows) == {"reward"}
+
+    def fails(error: Exception):  # a read that raises ``error``
+        def read(pos: int, keys: list[str]) -> None:
+            raise error
+
+        return _stub_reader(read, reward=(True, False))
+
+    assert first_episode_rows(fails(DatasetError("unreadable"))) is None
+    with pytest.raises(ValueError, match="a bug"):  # (not a data file's fault: not hidden)
+        first_episode_rows(fails(ValueError("a bug")))
+
+
+def test_image_shapes_leave_out_cameras_without_an_image(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lerobot_dali import batch_shapes
+
+    shapes = {"a": (4, 6, 3), "b": None}
+    monkeypatch.setattr(batch_shapes, "first_image_shape", lambda reader, pos, key: shapes[key])
+    assert batch_shapes.image_shapes(SimpleNamespace(image_keys=["a", "b"])) == {"a": (4, 6, 3)}
