@@ -54,6 +54,13 @@ def test_an_epoch_without_a_batch_is_passed_over_but_two_in_a_row_fail() -> None
         schedule.start(2)  # 2 of epoch 2, then epochs 3 and 4 give nothing
 
 
+def test_empty_epochs_apart_are_not_two_in_a_row() -> None:
+    """Epochs 0 and 2 give no batch, but epoch 1 between them does: 7 batches take 3 of epoch 1, 3 of epoch 3 and
+    1 of epoch 4, no error (an epoch with batches resets the count)."""
+    schedule, _ = _schedule(7, [0, 3, 0, 3, 3])
+    assert schedule.start(1) == (4, 1)
+
+
 def test_a_rebase_starts_later_epochs_where_the_dataset_stands() -> None:
     """A resume finds the dataset at epoch 4, 2 batches in, with 10 batches of mixture epoch 2 to go: epoch 3
     starts 10 batches on (7 left of epoch 4, 3 of 5), epoch 4 16 on from there; epoch 2 keeps its pure start."""
