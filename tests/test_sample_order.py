@@ -816,6 +816,11 @@ def test_option_validation() -> None:
     resumed = SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=ResumedEpoch(0, (ConsumedSegment(3, 20),)))
     with pytest.raises(ValueError, match="the order of the 3 ranks"):  # (an order of 2 ranks, not the segment's 3)
         resumed.resume_from(SampleOrder(LENGTHS, rank=0, world_size=2))
+    twice = ResumedEpoch(0, (ConsumedSegment(2, 10), ConsumedSegment(3, 20)))
+    with pytest.raises(ValueError, match="the order of the 3 ranks"):  # (of 3 ranks, but not resumed from the 2's)
+        SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=twice).resume_from(
+            SampleOrder(LENGTHS, rank=0, world_size=3)
+        )
 
 
 # -- resume ---------------------------------------------------------------------------------------------

@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from lerobot_dali.errors import ResumeStateError
-from lerobot_dali.sample_order import OrderOptions, RankBalance, _PoolSimulator
+from lerobot_dali.sample_order import (
+    ConsumedSegment,
+    OrderOptions,
+    RankBalance,
+    ResumedEpoch,
+    SampleOrder,
+    _PoolSimulator,
+)
 from lerobot_dali.saved_walk import WalkMismatchError
 from lerobot_dali.stream_state import SampleStream
 
@@ -168,6 +175,21 @@ def test_a_resume_on_another_world_size_starts_the_saving_ranks_replay_at_its_wa
     resumed.num_samples()  # (the plan over the residual)
     assert min(chunk_starts) == state["walk"]["emitted"] > 6000 - 200  # (one chunk of the old rank's, then the new)
     assert _rest(resumed) == whole
+
+
+def test_only_walks_saved_at_the_old_ranks_position_start_their_replay() -> None:
+    """resume_from passed a walk of the old rank saved at another sample than its segment's (a later state's) leaves it
+    out and replays that rank: started there, the pool would serve position 3000 with later draws."""
+    old = _stream()
+    old.advance(6000)
+    later = old.order.walk_state(0, 6000)
+    assert later is not None and later.emitted > 3000
+    resumed = ResumedEpoch(0, (ConsumedSegment(1, 3000),))
+    replayed, given = (SampleOrder(LENGTHS, rank=1, world_size=2, options=OPTIONS, resumed_epoch=resumed) for _ in "ab")
+    replayed.resume_from(old.order)
+    given.resume_from(old.order, [later])
+    assert given.consumed_segments(0)[0].pools == replayed.consumed_segments(0)[0].pools
+    np.testing.assert_array_equal(given.samples(0, 0, 500), replayed.samples(0, 0, 500))
 
 
 def test_a_walk_that_does_not_fit_the_old_ranks_plan_is_refused_on_another_world_size() -> None:
