@@ -84,6 +84,19 @@ def test_an_undamaged_row_group_spans_its_column_chunks(make_ds) -> None:
     assert row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata).tolist() == [[4, footer_at]]
 
 
+def test_an_episodes_ranges_hold_the_row_group_of_its_last_row(make_ds) -> None:
+    """Rewritten in groups of 299 rows (0-298, 299-597, 598-599): episode 0 (rows 0-299) ends on group 1's first
+    row, episode 1 (rows 300-599) on group 2's last; each episode's ranges are the footer's and those groups'."""
+    root = _dataset(make_ds)
+    path = root / DATA
+    pq.write_table(pq.read_table(path), path, row_group_size=299)
+    spans = [tuple(span) for span in row_group_spans(str(path), path.stat().st_size, pq.ParquetFile(path).metadata)]
+    assert len(spans) == 3
+    ranges = EpisodeRanges(open_dataset(str(root)))
+    assert [r[1:] for r in ranges.parquet_ranges(0)[1:]] == spans[:2]
+    assert [r[1:] for r in ranges.parquet_ranges(1)[1:]] == spans[1:]
+
+
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_footer_is_refused_before_any_range_is_asked(
     make_ds, copy_ds, tmp_path_factory, basetemp_server: FolderServer, damage: str

@@ -560,6 +560,10 @@ def test_prefetch_span_covers_every_frame_the_lookup_accepts() -> None:
     assert episode_frames(single, 0.0, None) == range(1975)
     last = plan_clip(single, np.array([1974])).packet_positions
     assert episode_span(single, 0.0, None)[1] >= int((single.byte_offset[last] + single.size_bytes[last]).max())
+    # A span past the file's last frame (78.96 s) holds no frame: the last one's packets stand in for it.
+    last_bytes = int(single.byte_offset[last].min()), int((single.byte_offset[last] + single.size_bytes[last]).max())
+    assert episode_span(single, 80.0, None) == last_bytes
+    assert episode_span(replace(single, byte_exact=False), 0.0, None) is None  # (demuxed, not range-read)
     # A next episode that starts at the file's last frame holds it (a span ending there gave it to both before).
     assert episode_frames(single, 0.0, 78.96) == range(1974)
     # In a file of several episodes the next episode's first frame (cr5 frame 197 at 19.7 s) stays out.
