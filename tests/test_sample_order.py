@@ -652,6 +652,16 @@ def test_pickled_order_gives_the_same_samples() -> None:
     np.testing.assert_array_equal(before[1], after[1])
 
 
+def test_checkpoints_are_spread_to_at_most_max_checkpoints() -> None:
+    """An interval of 1 sample is raised to ceil(natural / 4): one checkpoint past each quarter of the epoch."""
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=_options(checkpoint_interval=1, max_checkpoints=4))
+    total = order.num_samples(0)
+    order.samples(0, 0, total)
+    positions = np.asarray(order._plan(0).simulator._checkpoint_positions)
+    assert positions[0] == 0 and 4 <= positions.size <= 5
+    assert np.all(np.diff(positions // -(-total // 4)) == 1)
+
+
 @pytest.mark.parametrize("position", [0, 1, 60, 97, 133, 134])  # (134 on rank 4: past its own frames, PAD)
 def test_a_copy_of_a_prepared_order_starts_where_it_was_prepared(monkeypatch: pytest.MonkeyPatch, position) -> None:
     """DALI's workers get the order pickled: prepared (walked) to the resumed position first, a copy walks on from
@@ -817,10 +827,10 @@ def test_option_validation() -> None:
     with pytest.raises(ValueError, match="the order of the 3 ranks"):  # (an order of 2 ranks, not the segment's 3)
         resumed.resume_from(SampleOrder(LENGTHS, rank=0, world_size=2))
     twice = ResumedEpoch(0, (ConsumedSegment(2, 10), ConsumedSegment(3, 20)))
+    resumed_twice = SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=twice)
+    assert [resumed_twice.key_offset(e) for e in (0, 1)] == [30, 0]  # (10 then 20 samples a rank; epoch 1: none)
     with pytest.raises(ValueError, match="the order of the 3 ranks"):  # (of 3 ranks, but not resumed from the 2's)
-        SampleOrder(LENGTHS, rank=0, world_size=2, resumed_epoch=twice).resume_from(
-            SampleOrder(LENGTHS, rank=0, world_size=3)
-        )
+        resumed_twice.resume_from(SampleOrder(LENGTHS, rank=0, world_size=3))
 
 
 # -- resume ---------------------------------------------------------------------------------------------

@@ -192,6 +192,14 @@ def test_only_walks_saved_at_the_old_ranks_position_start_their_replay() -> None
     np.testing.assert_array_equal(given.samples(0, 0, 500), replayed.samples(0, 0, 500))
 
 
+def test_walks_asked_twice_in_one_chunk_name_each_their_own_position() -> None:
+    """The second is the first's walk (kept: one chunk boundary serves both), saved at its own position."""
+    order = _stream().order
+    first, second = order.walk_state(0, 100), order.walk_state(0, 101)
+    assert first is not None and second is not None and second.emitted == first.emitted <= 100
+    assert (first.samples_consumed, second.samples_consumed) == (100, 101)
+
+
 def test_a_walk_that_does_not_fit_the_old_ranks_plan_is_refused_on_another_world_size() -> None:
     state = _saved(3000)
     state["walk"]["emitted"] += 1
