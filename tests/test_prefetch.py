@@ -754,6 +754,20 @@ def test_prefetch_threads_admitting_episodes_of_one_data_file_read_its_footer_on
     assert admitted == [ranges.parquet_ranges(pos) for pos in range(8)] and len(opened) == 1
 
 
+def test_footers_past_max_parquet_files_are_dropped_oldest_first(make_ds, monkeypatch) -> None:
+    """At most 2 files' footers are kept, the least recently asked dropped: episodes of files 0, 1, 2, 1, 0, 1 read
+    file 0's footer again (dropped for 2's), 1's once (asked again before 0's came back, it was 2's that went)."""
+    root = make_ds(episodes=3, frames_per_episode=5, cameras=1, codec="vp9", fps=10, episodes_per_file=1)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    opened: list[str] = []
+    real_open = remote.open
+    monkeypatch.setattr(remote, "open", lambda path: opened.append(path) or real_open(path))
+    ranges = EpisodeRanges(remote, max_parquet_files=2)
+    for pos in (0, 1, 2, 1, 0, 1):
+        ranges.parquet_ranges(pos)
+    assert opened == [remote.data_path(pos) for pos in (0, 1, 2, 0)]
+
+
 # -- the iterator over a fake remote ---------------------------------------------------------------------------
 def test_iterator_prefetches_and_a_warm_second_epoch_makes_no_data_requests(make_ds, tmp_path: Path) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator
