@@ -26,6 +26,21 @@ def test_a_source_is_read_back_from_its_file_until_removed() -> None:
     assert not os.path.exists(os.path.dirname(name))  # (its folder too)
 
 
+def test_a_sources_files_share_one_folder_and_a_removed_one_is_made_again() -> None:
+    """Each dump of one SourceFile goes to its process's one folder, which remove deletes whole; a dump after remove
+    (the next build) writes a file again, in a new folder, not the pickle itself."""
+    files = SourceFile()
+    first, second = files.dumps([1]), files.dumps([2])
+    assert os.path.dirname(first) == os.path.dirname(second)
+    files.remove()
+    assert not os.path.exists(first) and not os.path.exists(second)
+    try:
+        third = files.dumps([3])
+        assert os.path.exists(third) and SourceFile.loads(third) == [3]
+    finally:
+        files.remove()
+
+
 def test_the_files_of_a_process_killed_during_a_build_are_removed_by_the_next() -> None:
     """A process killed while DALI started its workers (Ctrl-C twice, SIGKILL, the OOM killer) left its source's
     pickle (a few MB for a large dataset) in the temporary directory, one more each time."""
@@ -129,3 +144,5 @@ def test_no_usable_temporary_directory_sends_the_source_itself(monkeypatch) -> N
 
     monkeypatch.setattr(tempfile, "gettempdir", nowhere)
     assert SourceFile.loads(SourceFile().dumps([1, 2])) == [1, 2]
+    # (sent itself, a source is pickled as its SourceFile's dump does: DALI's takes a lambda)
+    assert SourceFile.loads(SourceFile(dali_dump).dumps({"pick": lambda row: row % 2}))["pick"](3) == 1
