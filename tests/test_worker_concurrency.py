@@ -9,6 +9,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,6 +87,23 @@ def test_planes_are_estimated_by_the_first_files_pixel_format(make_ds) -> None:
     assert batch_bytes_estimate(ten_bit) == 2 * 2 * 96 * 128 * 3
     unknown = dataclasses.replace(spec, pix_fmts={})
     assert batch_bytes_estimate(unknown) == batch_bytes_estimate(spec)
+    # a side of odd length takes no half-size chroma plane: the worker ships RGB
+    odd = dataclasses.replace(spec, camera_formats={c: f._replace(width=127) for c, f in spec.camera_formats.items()})
+    assert batch_bytes_estimate(odd) == 2 * 2 * 96 * 127 * 3
+
+
+def test_image_cameras_are_estimated_by_their_first_images_shape_depth_as_float32() -> None:
+    """(H, W, C) a frame of the window: a colour image at 1 byte a value, a depth image at 4 (the worker ships
+    float32 depth)."""
+    spec = SimpleNamespace(
+        camera_feeds={},
+        delta_index={"depth": (-1, 0)},
+        image_keys=("rgb", "depth"),
+        image_shapes={"rgb": (4, 6, 3), "depth": (4, 6, 1)},
+        depth_image_units={"depth": "mm"},
+        batch_size=2,
+    )
+    assert batch_bytes_estimate(spec) == 2 * (4 * 6 * 3 + 2 * 4 * 6 * 1 * 4)  # type: ignore[arg-type]
 
 
 def _estimate(root: Path, **options) -> int:
