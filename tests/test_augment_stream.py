@@ -14,6 +14,7 @@ import torch
 from lerobot_dali.augment import AugmentConfig, ColorJitter, GaussianBlur, RandomAffine, RandomResizedCrop
 from lerobot_dali.augment_draws import draw_params
 from lerobot_dali.augment_semantics import AUGMENT_SEMANTICS_VERSION
+from lerobot_dali.batch_source import BatchSource
 from lerobot_dali.errors import ResumeStateError
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -270,3 +271,17 @@ def test_a_resume_on_other_ranks_draws_alike_in_the_workers(make_ds) -> None:
         it.close()
     assert len(rests[0]) >= 2
     _assert_batches_equal(rests[1], rests[0])
+
+
+def test_assemble_refuses_positions_that_do_not_key_each_of_its_samples(make_ds) -> None:
+    """Draws are keyed by each sample's stream position: assemble() without one per sample raises, not a batch whose
+    draws are keyed short (or broadcast from one position)."""
+    it = _iterator(_dataset(make_ds))
+    try:
+        iter(it)  # (builds the pipeline, and with it the workers' spec)
+        source = BatchSource(it._spec)
+    finally:
+        it.close()
+    for positions, got in ((None, "none"), (np.arange(1), "1")):
+        with pytest.raises(ValueError, match=f"needs positions for all 2 samples, got {got}$"):
+            source.assemble(np.array([0, 0]), np.array([0, 1]), positions=positions)
