@@ -484,3 +484,22 @@ def test_image_shapes_leave_out_cameras_without_an_image(monkeypatch: pytest.Mon
     shapes = {"a": (4, 6, 3), "b": None}
     monkeypatch.setattr(batch_shapes, "first_image_shape", lambda reader, pos, key: shapes[key])
     assert batch_shapes.image_shapes(SimpleNamespace(image_keys=["a", "b"])) == {"a": (4, 6, 3)}
+
+
+def test_remote_requests_of_one_gop_decode_their_frames_once_each_in_order() -> None:
+    """A remote file's requests that start in one GOP decode the union of their frames once, ascending and each once,
+    and each request gets its own frames back, in its own order (here a frame's picture is its number x 10)."""
+    source = BatchSource.__new__(BatchSource)
+    source.spec = SimpleNamespace(reader=SimpleNamespace(filesystem_of=lambda path: object()))  # type: ignore[assignment]
+    decoded: list[list[int]] = []
+
+    def decode_request(path, index, numbers, *, size, pixels):
+        decoded.append(numbers.tolist())
+        return np.asarray(numbers) * 10
+
+    source._decode_request = decode_request  # type: ignore[method-assign]
+    gop = SimpleNamespace(start_keyframe=lambda numbers: 0)
+    requests = [("a.mp4", gop, np.array([5, 6, 6])), ("a.mp4", gop, np.array([1, 2, 5]))]
+    out = source._decode_each(requests, size=None, pixels="rgb")  # type: ignore[arg-type]
+    assert decoded == [[1, 2, 5, 6]]
+    assert [frames.tolist() for frames in out] == [[50, 60, 60], [10, 20, 50]]
