@@ -420,22 +420,28 @@ def test_clip_runs_start_counting_again_at_each_run(monkeypatch: pytest.MonkeyPa
     assert batch_source._clip_runs([1, 2, 3, 4], [60, 60, 30, 30]) == [[1], [2, 3], [4]]
 
 
-def test_a_batch_carries_every_index_column_the_keys_leave_out_once() -> None:
+def _fields_of(**spec: object) -> list:
+    """:func:`output_fields` of a spec of no keys, cameras or augmentation but ``spec``'s."""
     from lerobot_dali.batch_source import output_fields
-    from lerobot_dali.dali_graph import FieldKind
-    from lerobot_dali.windows import PAD_SUFFIX
 
-    spec = SimpleNamespace(
-        tabular_keys=("action", "frame_index"),
+    empty = dict(
+        tabular_keys=(),
         host_value_keys=(),
-        delta_index={"action": np.arange(2)},
+        delta_index={},
         camera_feeds={},
         image_keys=(),
         image_shapes={},
         depth_image_units={},
         augment=None,
     )
-    fields = output_fields(spec)  # type: ignore[arg-type]
+    return output_fields(SimpleNamespace(**{**empty, **spec}))  # type: ignore[arg-type]
+
+
+def test_a_batch_carries_every_index_column_the_keys_leave_out_once() -> None:
+    from lerobot_dali.dali_graph import FieldKind
+    from lerobot_dali.windows import PAD_SUFFIX
+
+    fields = _fields_of(tabular_keys=("action", "frame_index"), delta_index={"action": np.arange(2)})
     assert [f.name for f in fields] == [
         "action",
         "frame_index",
@@ -503,3 +509,12 @@ def test_remote_requests_of_one_gop_decode_their_frames_once_each_in_order() -> 
     out = source._decode_each(requests, size=None, pixels="rgb")  # type: ignore[arg-type]
     assert decoded == [[1, 2, 5, 6]]
     assert [frames.tolist() for frames in out] == [[50, 60, 60], [10, 20, 50]]
+
+
+def test_a_clip_camera_is_decoded_where_its_route_decodes() -> None:
+    """NVDEC's clips go to DALI's mixed decoder, DALI_CPU's to its CPU one."""
+    from lerobot_dali.dali_graph import CameraFeed, DecodeRoute, FieldKind
+
+    feeds = {"nvdec": CameraFeed(DecodeRoute.NVDEC), "dali_cpu": CameraFeed(DecodeRoute.DALI_CPU)}
+    clips = {f.name: f.decode_device for f in _fields_of(camera_feeds=feeds) if f.kind is FieldKind.CLIP}
+    assert clips == {"nvdec": "mixed", "dali_cpu": "cpu"}
