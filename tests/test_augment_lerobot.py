@@ -179,11 +179,12 @@ def test_subset_of_as_many_as_weighted_applies_every_one() -> None:
 def test_subset_turns_a_constant_member_into_a_draw_and_skips_identities() -> None:
     config = AugmentConfig(
         affine=RandomAffine(scale=(1.2, 1.2), translate=(0.1, 0.0)),
-        color_jitter=ColorJitter(brightness=(1.5, 1.5)),
+        color_jitter=ColorJitter(brightness=(1.5, 1.5), contrast=(1.3, 1.3)),
         sharpness=SharpnessJitter(factor=(1.0, 1.0)),
         random_subset=RandomSubset(max_num_transforms=1, weights={"brightness": 1, "affine": 1, "sharpness": 1}),
     )
-    # Without the subset the constants are graph constants; with it, a skipped sample needs the identity.
+    # Without the subset the constants are graph constants; with it, a skipped sample needs the identity. Contrast
+    # is no member: its constant applies to every sample, so it stays a graph constant.
     assert draw_names(config) == ("affine_scale", "affine_translate", "brightness")
     draws = _draw(config, 400)
     affine = draws["affine_scale"] != 1.0
