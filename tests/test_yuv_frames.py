@@ -307,11 +307,28 @@ def test_planes_rule(route, on_gpu, conversion, expected) -> None:
     assert feed.worker_size is None or not expected
 
 
+def test_camera_feed_keeps_a_depth_camera_depth_and_the_colour_fix_for_nvdec_only() -> None:
+    """The plan passes every camera its stream's colour fix and depth flag; only NVDEC's RGB takes the fix, and a
+    depth camera ships depth whatever the colour conversion would pick for a colour camera on its route."""
+    fix = ((1.0, 0.0, 0.0, 0.0),) * 3
+    graph = CpuDecodeOptions(color_conversion=ColorConversion.GRAPH)
+    options = dict(cpu_decode=graph, augment=None, image_size=(32, 32), color_fix=fix)
+    assert camera_feed(DecodeRoute.NVDEC, on_gpu=True, **options) == CameraFeed(DecodeRoute.NVDEC, color_fix=fix)
+    assert camera_feed(DecodeRoute.DALI_CPU, on_gpu=True, **options) == CameraFeed(DecodeRoute.DALI_CPU)
+    for on_gpu in (True, False):
+        depth = camera_feed(DecodeRoute.CPU_FALLBACK, on_gpu=on_gpu, depth=True, **options)
+        assert depth == CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True)
+        colour = camera_feed(DecodeRoute.CPU_FALLBACK, on_gpu=on_gpu, **options)
+        assert colour == CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True)
+
+
 def test_camera_feed_rejects_contradictions() -> None:
     with pytest.raises(ValueError, match="CPU_FALLBACK cameras only"):
         CameraFeed(DecodeRoute.NVDEC, planes=True)
     with pytest.raises(ValueError, match="CPU_FALLBACK cameras only"):
         CameraFeed(DecodeRoute.DALI_CPU, worker_size=(8, 8))
+    with pytest.raises(ValueError, match="CPU_FALLBACK cameras only"):
+        CameraFeed(DecodeRoute.NVDEC, depth=True)
     with pytest.raises(ValueError, match="never resizes"):
         CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True, worker_size=(8, 8))
     with pytest.raises(ValueError, match="a depth camera ships depth"):
