@@ -26,7 +26,7 @@ from lerobot_dali.augment import (
     SharpnessJitter,
 )
 from lerobot_dali.batch_source import SourceSpec, output_fields
-from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, build_pipeline
+from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, Field, FieldKind, build_pipeline
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.yuv_frames import nvdec_color_fix
 
@@ -59,8 +59,13 @@ CPU_FEEDS = {
 }
 
 
+#: build_pipeline's arguments that no test here varies but the ones it names.
+_PIPELINE_OPTIONS: dict[str, Any] = dict(
+    batch_size=2, device_id=None, num_workers=0, prefetch=1, seed=0, augment=None, image_size=None, return_uint8=False
+)
+
+
 def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: Any) -> tuple[Any, list[str]]:
-    augment = options.get("augment")
     # output_fields reads these; a full SourceSpec would need a dataset and a sample order.
     spec = SimpleNamespace(
         tabular_keys=("observation.state", "action", "task_note"),
@@ -70,20 +75,13 @@ def _graph(feeds: dict[str, CameraFeed], *, device_id: int | None, **options: An
         image_keys=("cam.png_rows", "cam.grey_rows", "cam.depth_rows"),  # cameras stored as images in the data files
         image_shapes={"cam.png_rows": (48, 64, 3), "cam.grey_rows": (48, 64, 1)},
         depth_image_units={"cam.depth_rows": "mm"},
-        augment=augment,
+        augment=options.get("augment"),
     )
     fields = output_fields(cast(SourceSpec, spec))
     pipe, names = build_pipeline(
         lambda batch_info: (),  # never called: the graph is defined, not run
         fields,
-        batch_size=2,
-        device_id=device_id,
-        num_workers=0,
-        prefetch=1,
-        seed=0,
-        augment=augment,
-        image_size=options.get("image_size"),
-        return_uint8=options.get("return_uint8", False),
+        **{**_PIPELINE_OPTIONS, "device_id": device_id, **options},
     )
     pipe._build_graph()  # DALI's Python-side graph: operators, their devices and inputs; no backend, no GPU
     return pipe, names
@@ -163,10 +161,24 @@ def test_no_host_output_of_the_gpu_graph_also_feeds_the_device() -> None:
 
 @pytest.mark.parametrize("options", [{"augment": FULL}, {"image_size": (120, 160)}], ids=["full-augment", "resize"])
 def test_cpu_graph_has_no_device_operator(options: dict[str, Any]) -> None:
-    pipe, _ = _graph(CPU_FEEDS, device_id=None, **options)
+    pipe, names = _graph(CPU_FEEDS, device_id=None, **options)
     assert _device_problems(pipe) == []
     assert {i._op.device for i in pipe._ops} == {"cpu"}
     assert {node.device for node in pipe._graph_outputs} == {"cpu"}
+    assert "task_index" in names and HOST_TASK_INDEX not in names  # already on the host: no copy
+
+
+@pytest.mark.parametrize(("source_depth", "expected"), [(None, 3), (5, 5)])
+def test_the_parallel_source_computes_the_depth_it_is_given_ahead(source_depth: int | None, expected: int) -> None:
+    """None: a batch per worker and ``prefetch`` more (2 + 1); else the caller's depth (cut to what /dev/shm holds)."""
+    pipe, _ = build_pipeline(
+        lambda batch_info: (),
+        [Field("observation.state", FieldKind.TABULAR)],
+        **{**_PIPELINE_OPTIONS, "num_workers": 2, "source_depth": source_depth},
+    )
+    pipe._build_graph()  # no workers start before build()
+    (source,) = pipe._input_callbacks
+    assert source.prefetch_queue_depth == expected
 
 
 def test_the_check_catches_an_operator_without_a_kernel_for_its_device() -> None:

@@ -62,6 +62,11 @@ def test_the_depth_is_cut_to_what_shared_memory_holds(budget: int | None, depth:
     assert source_queue_depth(2, 12, batch_bytes=100, shm_budget=budget) == depth
 
 
+def test_a_batch_of_unknown_size_leaves_the_depth_uncut() -> None:
+    """batch_bytes 0: nothing estimated (e.g. only tabular keys), so no shared-memory bound, not a division by 0."""
+    assert source_queue_depth(2, 12, batch_bytes=0, shm_budget=1000) == 14
+
+
 def test_a_batch_is_estimated_by_its_frames(make_ds) -> None:
     """RGB frames (CPU mode: the workers convert) at 3 bytes a pixel and window frame; a clip (VP9 on DALI's CPU
     decoder) at a sixteenth of that."""
