@@ -26,7 +26,7 @@ from lerobot_dali.augment import (
     SharpnessJitter,
 )
 from lerobot_dali.batch_source import SourceSpec, output_fields
-from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, Field, FieldKind, build_pipeline
+from lerobot_dali.dali_graph import HOST_TASK_INDEX, CameraFeed, Field, FieldKind, augment_draw_field, build_pipeline
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.yuv_frames import nvdec_color_fix
 
@@ -254,3 +254,41 @@ def test_the_graph_an_iterator_builds_for_a_gpu_set_by_its_process(make_ds, monk
     devices = {node.device for node in pipe._graph_outputs}
     host = [name for name, node in zip(it._names, pipe._graph_outputs, strict=True) if node.device == "cpu"]
     assert devices == {"gpu", "cpu"} and host == [HOST_TASK_INDEX]
+
+
+def test_each_camera_reads_the_draws_of_its_own_stream() -> None:
+    """Two cameras, the same frames, brightness drawn per camera (not shared): camera 1's samples take the factors
+    of stream camera1 (1.0, 0.5), camera 0's those of camera0 (0.5, 1.0)."""
+    frames = np.full((2, 1, 2, 2, 3), 200, dtype=np.uint8)  # (B, T, H, W, C)
+    fields = [
+        Field("cam0", FieldKind.FRAMES, camera_index=0),
+        Field("cam1", FieldKind.FRAMES, camera_index=1),
+        augment_draw_field("camera0", "brightness"),
+        augment_draw_field("camera1", "brightness"),
+    ]
+    factors = [np.array([0.5, 1.0], np.float32), np.array([1.0, 0.5], np.float32)]
+    pipe, names = build_pipeline(
+        lambda batch_info: [list(frames), list(frames), *factors],
+        fields,
+        **{
+            **_PIPELINE_OPTIONS,
+            "augment": AugmentConfig(color_jitter=ColorJitter(brightness=0.5)),
+            "return_uint8": True,
+        },
+    )
+    pipe.build()
+    outputs = dict(zip(names, pipe.run(), strict=True))
+    for camera, factor in (("cam0", factors[0]), ("cam1", factors[1])):
+        means = [np.asarray(outputs[camera][i]).mean() for i in range(2)]
+        np.testing.assert_allclose(means, 200 * factor, atol=1)
+
+
+@pytest.mark.parametrize(("presized", "resizes"), [(True, 0), (False, 1)])
+def test_frames_the_worker_resized_are_not_resized_again(presized: bool, resizes: int) -> None:
+    pipe, _ = build_pipeline(
+        lambda batch_info: (),
+        [Field("cam", FieldKind.FRAMES, presized=presized)],
+        **{**_PIPELINE_OPTIONS, "augment": AugmentConfig(resize=(8, 8))},
+    )
+    pipe._build_graph()
+    assert [getattr(i._op, "schema_name", None) for i in pipe._ops].count("Resize") == resizes
