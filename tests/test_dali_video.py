@@ -20,7 +20,7 @@ import pytest
 from lerobot_dali import decode_route
 from lerobot_dali.clips import build_clip
 from lerobot_dali.concurrent_calls import KeyedLocks
-from lerobot_dali.dali_video import DALI_CPU_CODECS, decode_clip_batch, decode_clips
+from lerobot_dali.dali_video import DALI_CPU_CODECS, dali_error_reason, decode_clip_batch, decode_clips
 from lerobot_dali.decode_route import (
     DecodePreference,
     DecodeRoute,
@@ -98,6 +98,37 @@ def test_a_frame_index_past_the_clip_raises_instead_of_a_black_frame(marker_vide
 def test_decode_clips_rejects_unknown_device() -> None:
     with pytest.raises(ValueError, match="'cpu' or 'mixed'"):
         decode_clips(None, None, device="gpu")  # type: ignore[arg-type]
+
+
+DALI_ERROR = (
+    "Critical error in pipeline:\nError in MIXED operator `nvidia.dali.fn.decoders.video` encountered:\n\n"
+    "[/opt/dali/dali/operators/video/video_utils.cc:95] Codec not supported\nCurrent pipeline is no longer valid."
+)
+
+
+def _raised_while_handling(cause: BaseException, error: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except BaseException:
+            raise error  # noqa: B904 -- the implicit __context__ is the point
+    except BaseException as raised:
+        return raised
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RuntimeError(DALI_ERROR), "Codec not supported"),  # the sentence after "encountered:", without "[file:line]"
+        (_raised_while_handling(RuntimeError(DALI_ERROR), ValueError("probe failed")), "Codec not supported"),
+        (RuntimeError("Critical error in pipeline:\nfirst\nlast words\n"), "last words"),  # no "encountered:"
+        (RuntimeError("Critical error in pipeline:\nnothing encountered:\n"), "nothing encountered:"),
+        (RuntimeError(), "RuntimeError"),
+    ],
+    ids=["dali", "context", "last-line", "nothing-after", "empty"],
+)
+def test_dali_error_reason_quotes_dalis_own_sentence(error: BaseException, reason: str) -> None:
+    assert dali_error_reason(error) == reason
 
 
 # --- routing ------------------------------------------------------------------------------------------
