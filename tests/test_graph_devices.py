@@ -267,20 +267,36 @@ def test_each_camera_reads_the_draws_of_its_own_stream() -> None:
         augment_draw_field("camera1", "brightness"),
     ]
     factors = [np.array([0.5, 1.0], np.float32), np.array([1.0, 0.5], np.float32)]
-    pipe, names = build_pipeline(
-        lambda batch_info: [list(frames), list(frames), *factors],
-        fields,
-        **{
-            **_PIPELINE_OPTIONS,
-            "augment": AugmentConfig(color_jitter=ColorJitter(brightness=0.5)),
-            "return_uint8": True,
-        },
+    jitter = ColorJitter(brightness=0.5)  # random: a draw per sample, from the source
+    outputs = _run_once(
+        fields, [list(frames), list(frames), *factors], augment=AugmentConfig(color_jitter=jitter), return_uint8=True
     )
-    pipe.build()
-    outputs = dict(zip(names, pipe.run(), strict=True))
     for camera, factor in (("cam0", factors[0]), ("cam1", factors[1])):
-        means = [np.asarray(outputs[camera][i]).mean() for i in range(2)]
-        np.testing.assert_allclose(means, 200 * factor, atol=1)
+        np.testing.assert_allclose([sample.mean() for sample in outputs[camera]], 200 * factor, atol=1)
+
+
+def _run_once(fields: list[Field], batch: list[Any], **options: Any) -> dict[str, list[np.ndarray]]:
+    """One batch through the CPU graph of ``fields``, the source giving ``batch`` (one entry per field)."""
+    pipe, names = build_pipeline(lambda batch_info: batch, fields, **{**_PIPELINE_OPTIONS, **options})
+    pipe.build()
+    return {name: [np.asarray(sample) for sample in out] for name, out in zip(names, pipe.run(), strict=True)}
+
+
+def test_each_camera_takes_its_own_normalize() -> None:
+    frames = [np.full((1, 2, 2, 3), 51, dtype=np.uint8)] * 2  # 0.2 once scaled to [0, 1]
+    normalize = {"cam0": Normalize(mean=(0.0,) * 3, std=(1.0,) * 3), "cam1": Normalize(mean=(0.1,) * 3, std=(0.5,) * 3)}
+    fields = [Field("cam0", FieldKind.FRAMES), Field("cam1", FieldKind.FRAMES, camera_index=1)]
+    outputs = _run_once(fields, [frames, frames], augment=AugmentConfig(normalize=normalize))
+    np.testing.assert_allclose(np.stack(outputs["cam0"]), 0.2, atol=1e-6)
+    np.testing.assert_allclose(np.stack(outputs["cam1"]), 0.2, atol=1e-6)  # (0.2 - 0.1) / 0.5
+
+
+def test_depth_is_resized_by_nearest_neighbour_and_handed_over_channels_first() -> None:
+    depth = [np.array([[[[1000.0], [3000.0]]]], dtype=np.float32)] * 2  # (T, H, W, 1): 1 x 2 pixels
+    outputs = _run_once([Field("cam.depth", FieldKind.DEPTH)], [depth], image_size=(2, 4))
+    expected = np.array([[[[1000.0, 1000.0, 3000.0, 3000.0]] * 2]], dtype=np.float32)  # (T, 1, 2, 4)
+    for sample in outputs["cam.depth"]:
+        np.testing.assert_array_equal(sample, expected)
 
 
 @pytest.mark.parametrize(("presized", "resizes"), [(True, 0), (False, 1)])
