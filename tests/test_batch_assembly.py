@@ -518,3 +518,15 @@ def test_a_clip_camera_is_decoded_where_its_route_decodes() -> None:
     feeds = {"nvdec": CameraFeed(DecodeRoute.NVDEC), "dali_cpu": CameraFeed(DecodeRoute.DALI_CPU)}
     clips = {f.name: f.decode_device for f in _fields_of(camera_feeds=feeds) if f.kind is FieldKind.CLIP}
     assert clips == {"nvdec": "mixed", "dali_cpu": "cpu"}
+
+
+def test_frames_a_worker_resized_are_marked_presized() -> None:
+    """A worker that folds the resize into its conversion ships frames the graph must not resize again."""
+    from lerobot_dali.dali_graph import CameraFeed, DecodeRoute
+
+    feeds = {
+        "small": CameraFeed(DecodeRoute.CPU_FALLBACK, worker_size=(8, 8)),
+        "full": CameraFeed(DecodeRoute.CPU_FALLBACK),
+    }
+    presized = {f.name: f.presized for f in _fields_of(camera_feeds=feeds) if f.name in feeds}
+    assert presized == {"small": True, "full": False}
