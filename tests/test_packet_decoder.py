@@ -30,11 +30,16 @@ def test_packet_decoding_keeps_no_frame_it_does_not_return(marker_video: MarkerV
     assert plan.frame_count == 30
     alive: list[int] = []
 
+    def frames_alive() -> int:  # (the whole process's: less those earlier tests left, counted before)
+        return sum(type(o) is av.VideoFrame for o in gc.get_objects())
+
     def convert(frame: av.VideoFrame) -> int:
-        alive.append(sum(type(o) is av.VideoFrame for o in gc.get_objects()))
+        alive.append(frames_alive() - before)
         return int(frame.pts)
 
     decoder = PacketDecoder(index, threads=1)
+    gc.collect()
+    before = frames_alive()
     assert decoder.frames_at(index, plan, read_packet_payloads(path, index, plan), convert) == {28: 28, 29: 29}
     assert max(alive) <= 5, alive  # (the frame converted, those handed over with it, the decoder's references)
     decoder.close()
