@@ -753,8 +753,12 @@ def test_stats_of_the_wrong_length_are_named_as_the_datasets() -> None:
     grey_stds = {"cam": {"mean": rgb, "std": [[[0.1]], [[0.2]], [[0.3]]]}}  # equal means, 3 different stds
     with pytest.raises(StatsError, match=r"camera 'cam' is grey \(1 channel\) but its statistics hold 3 different"):
         config.with_stats(grey_stds, ["cam"], source="ds", channels={"cam": 1})  # (the stds were not compared)
+    with pytest.raises(StatsError, match=r"holds 3 mean/std values for the camera's 4 channel\(s\)"):
+        config.with_stats({"cam": {"mean": rgb, "std": rgb}}, ["cam"], source="ds", channels={"cam": 4})  # (C19)
+    four = {"cam": {"mean": [0.1, 0.2, 0.3, 0.4], "std": [1.0, 1.0, 1.0, 1.0]}}
     for stats, channels, mean in (({"cam": {"mean": [0.1], "std": [0.3]}}, 3, (0.1,)),
-                                  ({"cam": {"mean": rgb, "std": rgb}}, 1, (0.5,))):  # fmt: skip
+                                  ({"cam": {"mean": rgb, "std": rgb}}, 1, (0.5,)),
+                                  (four, 4, (0.1, 0.2, 0.3, 0.4))):  # fmt: skip
         assert config.with_stats(stats, ["cam"], source="ds", channels={"cam": channels}).normalize["cam"].mean == mean
 
 
