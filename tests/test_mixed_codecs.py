@@ -389,3 +389,19 @@ def test_diagnose_names_the_route_a_camera_whose_files_mix_codecs_takes(make_ds,
     assert (report.codec, report.route, report.error) == ("vp9", DecodeRoute.CPU_FALLBACK.value, None)
     (uniform,) = diagnose_dataset(open_dataset(make_ds(**SPEC, codec="vp9")), machine=diagnose_machine())
     assert uniform.route in (DecodeRoute.NVDEC.value, DecodeRoute.DALI_CPU.value)  # (one codec: a DALI decoder)
+
+
+def test_a_file_past_the_survey_in_another_codec_fails_the_batch_that_reaches_it(make_ds, copy_ds, monkeypatch):
+    """Past the survey's bound only the first file's format is read when the iterator is built: a VP9 camera goes
+    to DALI's CPU decoder, and its AV1 file-001 (episodes 2-3) must be refused by name when a batch reaches it, not
+    handed to a decoder that cannot read it (the batches computed ahead reach it before the loop sees batch 3)."""
+    root = _mixed(make_ds, copy_ds, "vp9", "av1")
+    monkeypatch.setattr("lerobot_dali.camera_codecs.CHECKED_FILES", 2)  # (3 files: past it, the first file only)
+    it = DALILeRobotIterator(root, batch_size=8, device="cpu", shuffle=False, num_workers=0, return_uint8=True)
+    assert it.routes == {CAM: DecodeRoute.DALI_CPU}
+    with pytest.raises(SchemaMismatchError, match=(
+        rf"file-001\.mp4 \(episode 2, camera '{re.escape(CAM)}'\) is av1, but the camera's first file is vp9 "
+        r"64x96 \(HxW\), which sent the camera to DALI's CPU decoder"
+    )):  # fmt: skip
+        list(it)
+    it.close()
