@@ -52,7 +52,7 @@ from .packet_index_cache import load_episode_packet_index
 from .remote_errors import is_transient
 from .said_once import say_once
 from .video_source import open_video_source
-from .yuv_frames import codec_color, stream_color
+from .yuv_frames import codec_color, ships_half_chroma, stream_color
 
 if TYPE_CHECKING:
     from .batch_source import CameraFormat
@@ -182,6 +182,12 @@ class CameraSurvey:
     def codecs(self) -> dict[str, int]:
         """:func:`codec_counts` of the files."""
         return codec_counts(self.formats.values())
+
+    def planes_pix_fmt(self) -> str | None:
+        """The pixel format a batch's shipped planes are sized by (:func:`~.yuv_frames.ships_half_chroma`): the first
+        file's, or else the first file's read that ships RGB-sized data, since a batch may hold any file's frames."""
+        full = (f.pix_fmt for f in self.formats.values() if not ships_half_chroma(f.pix_fmt))  # (the first's first)
+        return next(full, None if self.first is None else self.first.pix_fmt)
 
     def check_sizes(self) -> None:
         """Raise SchemaMismatchError naming the files whose frame size is not the first file's: a batch is one tensor

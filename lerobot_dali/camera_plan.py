@@ -81,6 +81,8 @@ class CameraRouter:
     remote_index_store: PacketIndexStore | None = field(init=False)
     format_store: FileFormatStore | None = field(init=False)  # a dataset's local files' headers (a union's local ones)
     depth_quantizers: Collection[str] = field(init=False)  # the depth video cameras
+    #: Each video camera's files read when it was routed (:meth:`route`), up to the survey's bound.
+    surveys: dict[str, CameraSurvey] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.remote_index_store = None if self.reader.location.is_local else PacketIndexStore()
@@ -143,6 +145,7 @@ class CameraRouter:
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
                                format_store=self.format_store, since=since)  # fmt: skip
         survey.check_sizes()
+        self.surveys[camera] = survey
         return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
 
     def _packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
@@ -243,7 +246,8 @@ class CameraPlanner(CameraRouter):
     share_clips: bool = False
     camera_formats: dict[str, CameraFormat] = field(init=False, repr=False)
     color_fixes: dict[str, tuple[tuple[float, ...], ...]] = field(init=False, repr=False)
-    #: Each video camera's first file's pixel format (None: not known).
+    #: Each video camera's pixel format that sizes its shipped planes (None: not known):
+    #: :meth:`~.camera_codecs.CameraSurvey.planes_pix_fmt`.
     pix_fmts: dict[str, str | None] = field(init=False, repr=False)
 
     def choose_routes(
@@ -271,7 +275,10 @@ class CameraPlanner(CameraRouter):
                           "" if self.image_size is None else " before image_size resizes them")  # fmt: skip
         self.camera_formats = self.check_cameras(routes, indexes, first_rows, dict(zip(firsts, others, strict=True)))
         self.color_fixes = nvdec_color_fixes(self.camera_formats)
-        self.pix_fmts = {camera: index.pix_fmt for camera, index in indexes.items()}
+        self.pix_fmts = {
+            camera: index.pix_fmt if camera not in self.surveys else self.surveys[camera].planes_pix_fmt()
+            for camera, index in indexes.items()
+        }
         return routes
 
     def plan_feeds(self, routes: Mapping[str, DecodeRoute]) -> dict[str, CameraFeed]:

@@ -145,7 +145,9 @@ def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(
     """decode='gpu' (NVDEC or fail) on a camera whose files mix codecs fails when the iterator is built, naming the
     codecs (a fake GPU: the route as NVDEC chose it for the first file)."""
     root = _mixed(make_ds, copy_ds, "vp9", "av1")
-    built = SimpleNamespace(reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None)
+    built = SimpleNamespace(
+        reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={}
+    )
     with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 2 files, av1 1 file\), .*one "
                        r"codec; .*lerobot-dali reencode"):  # fmt: skip
         CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
@@ -168,7 +170,9 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
         for image in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())
-    built = SimpleNamespace(reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None)
+    built = SimpleNamespace(
+        reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={}
+    )
     with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
         route = CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
     assert route is DecodeRoute.CPU_FALLBACK

@@ -97,6 +97,42 @@ def test_planes_are_estimated_by_the_first_files_pixel_format(make_ds) -> None:
     assert batch_bytes_estimate(odd) == 2 * 2 * 96 * 127 * 3
 
 
+def _as_yuv444(path: Path) -> None:
+    """Re-encode the H.264 file at ``path`` in place as 4:4:4, the same frames at the same timestamps."""
+    import av
+
+    with av.open(str(path)) as source:
+        stream = source.streams.video[0]
+        frames = [(frame.pts, frame.to_ndarray(format="rgb24")) for frame in source.decode(stream)]
+        rate, time_base = stream.average_rate, stream.time_base
+    out_path = path.with_suffix(".new.mp4")
+    with av.open(str(out_path), "w") as out:
+        video = out.add_stream("libx264", rate=rate, options={"g": "2", "bf": "0"})
+        video.width, video.height, video.pix_fmt, video.time_base = (
+            frames[0][1].shape[1],
+            frames[0][1].shape[0],
+            "yuv444p",
+            time_base,
+        )
+        for pts, image in frames:
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts, frame.time_base = pts, time_base
+            out.mux(video.encode(frame))
+        out.mux(video.encode())
+    out_path.replace(path)
+
+
+def test_planes_are_estimated_by_the_widest_format_of_the_cameras_files(make_ds, copy_ds) -> None:
+    """A camera whose first file is 4:2:0 and whose second is 4:4:4 ships the second's frames at RGB size: estimated
+    by its first file alone, its batches were counted at half what they take in /dev/shm."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="h264", fps=10, episodes_per_file=1,
+                           gop=2))  # fmt: skip
+    _as_yuv444(root / "videos/observation.images.cam0/chunk-000/file-001.mp4")
+    spec = _spec(root, batch_size=2, cpu_decode=CpuDecodeOptions(color_conversion=ColorConversion.GRAPH))
+    assert dict(spec.pix_fmts) == {"observation.images.cam0": "yuv444p"}
+    assert batch_bytes_estimate(spec) == 2 * 96 * 128 * 3
+
+
 def test_image_cameras_are_estimated_by_their_first_images_shape_depth_as_float32() -> None:
     """(H, W, C) a frame of the window: a colour image at 1 byte a value, a depth image at 4 (the worker ships
     float32 depth)."""
