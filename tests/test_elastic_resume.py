@@ -198,11 +198,11 @@ def test_a_second_change_of_world_size_replays_each_segment_once(replays: list[i
     np.testing.assert_array_equal(got[1], want[1])
 
 
-def _after_a_change() -> dict:
-    """A state saved 300 samples after a resume on 2 ranks of one saved on 3 at sample 500 (through JSON)."""
+def _after_a_change(advance: int = 300) -> dict:
+    """A state saved ``advance`` samples after a resume on 2 ranks of one saved on 3 at sample 500 (through JSON)."""
     first = SampleStream(LENGTHS, rank=0, world_size=3, batch_size=7, options=OPTIONS)
     first.advance(500)
-    return json.loads(json.dumps(_moved(first.state_dict(), 2, 300).state_dict()))
+    return json.loads(json.dumps(_moved(first.state_dict(), 2, advance).state_dict()))
 
 
 @pytest.mark.parametrize(("world_size", "rank"), [(2, 1), (4, 3)])
@@ -335,8 +335,9 @@ def test_states_holding_their_datasets_as_a_list_and_a_tuple_are_gathered() -> N
         (lambda p: [[0, "ab", []], *p[1:]], ResumeStateError, "segment_pools slots must be a list of 64-bit ints"),
         (lambda p: [[p[0][0], [10**30, *p[0][1][1:]], p[0][2]], *p[1:]], ResumeStateError, "slots must be a list"),
         (lambda p: [p[0][:2], *p[1:]], ResumeStateError, "segment_pools must hold .next_admit"),
+        (lambda p: [[*p[0], []], *p[1:]], ResumeStateError, "segment_pools must hold .next_admit"),
     ],
-    ids=["draws", "ranks", "form", "past-int64", "pool"],
+    ids=["draws", "ranks", "form", "past-int64", "pool", "pool-of-4"],
 )
 def test_old_ranks_pools_that_do_not_fit_are_refused(change, error, message) -> None:
     state = _after_a_change()
@@ -345,6 +346,16 @@ def test_old_ranks_pools_that_do_not_fit_are_refused(change, error, message) -> 
     with pytest.raises(error, match=message):
         resumed.load_state_dict(state)
     assert resumed.order.resumed_epoch is None and resumed.samples_consumed == 0  # (refused: the stream stays)
+
+
+def test_a_walk_that_draws_again_what_the_old_ranks_took_is_refused() -> None:
+    """In the residual plan an episode's draws start where the old ranks left it: a walk saved at its start holds
+    those counts (episode 0 of rank 0's residual stream: 44 frames taken on 3 ranks); one short of them is refused."""
+    state = _after_a_change(advance=0)
+    assert state["walk"]["drawn"][:3] == [44, 0, 20] and state["walk"]["emitted"] == 0
+    state["walk"]["drawn"][0] = 43
+    with pytest.raises(WalkMismatchError, match="draws per pooled episode do not fit those episodes' lengths"):
+        SampleStream(LENGTHS, rank=0, world_size=2, batch_size=7, options=OPTIONS).load_state_dict(state)
 
 
 def test_pools_of_other_segments_are_left_out() -> None:

@@ -215,13 +215,39 @@ def test_a_walk_that_does_not_fit_the_old_ranks_plan_is_refused_on_another_world
         (lambda s: s | {"seed": 6}, "generator key is not this plan's"),
         (lambda s: s | {"walk": s["walk"] | {"emitted": s["walk"]["emitted"] + 1}}, "draws behind it"),
         (lambda s: s | {"walk": s["walk"] | {"next_admit": 10**6}}, "is not of this rank's"),
+        # (one past the stream's 300 episodes; a pooled episode not yet admitted: the bounds, not only the draws' sum)
+        (lambda s: s | {"walk": s["walk"] | {"next_admit": len(LENGTHS) + 1}}, "is not of this rank's"),
+        (
+            lambda s: s | {"walk": s["walk"] | {"slots": [*s["walk"]["slots"][:-1], s["walk"]["next_admit"]]}},
+            "is not of this rank's",
+        ),
+        (
+            lambda s: s | {"walk": s["walk"] | {"slots": s["walk"]["slots"][:-1], "drawn": s["walk"]["drawn"][:-1]}},
+            "its pool holds 7 episodes, not episode_pool_size=8",
+        ),  # (mid-epoch: the pool is full)
         (lambda s: s | {"walk": s["walk"] | {"drawn": [10**4] * 8}}, "do not fit those episodes' lengths"),
         (lambda s: s | {"walk": s["walk"] | {"slots": s["walk"]["slots"][::-1]}}, "not in admission order"),
+        (
+            lambda s: s | {"walk": s["walk"] | {"slots": [s["walk"]["slots"][0], *s["walk"]["slots"][:-1]]}},
+            "not in admission order",
+        ),  # (an episode pooled twice)
         (lambda s: s | {"walk": s["walk"] | {"slots": [-1, *s["walk"]["slots"][1:]]}}, "is not of this rank's"),
         # (a later position's walk, relabelled: started there, the pool served position 3000 with later draws)
         (lambda s: s | {"walk": _saved(6000)["walk"] | {"samples_consumed": 3000}}, "past the position it serves"),
     ],
-    ids=["seed", "emitted", "admitted", "drawn", "slots", "negative", "later-walk"],
+    ids=[
+        "seed",
+        "emitted",
+        "admitted",
+        "admitted+1",
+        "unadmitted",
+        "fewer",
+        "drawn",
+        "slots",
+        "twice",
+        "negative",
+        "later",
+    ],
 )
 def test_a_walk_that_does_not_fit_the_plan_is_refused(change, message) -> None:
     state = change(_saved(3000))
@@ -230,6 +256,15 @@ def test_a_walk_that_does_not_fit_the_plan_is_refused(change, message) -> None:
         resumed.load_state_dict(state)
     assert isinstance(raised.value, ResumeStateError) and "leave its 'walk' out" in str(raised.value)
     assert resumed.samples_consumed == 0  # (refused: the stream stays where it stood)
+
+
+def test_a_walk_pooling_an_episode_drawn_to_its_end_is_refused() -> None:
+    """An episode leaves the pool with its last draw: a walk holding one that has given all its 20 frames is not one."""
+    lengths = np.full(300, 20)
+    state = _saved(3000, lengths=lengths)
+    state["walk"]["drawn"][0] = 20
+    with pytest.raises(WalkMismatchError, match="draws per pooled episode do not fit those episodes' lengths"):
+        _stream(lengths=lengths).load_state_dict(state)
 
 
 def test_a_walk_over_another_dataset_or_pool_size_is_refused() -> None:
