@@ -112,9 +112,18 @@ def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None
         _stream(dropping).load_state_dict(older)
 
 
+@pytest.mark.parametrize("field", ["world_size", "batch_size"])
+def test_a_state_of_no_ranks_or_empty_batches_is_refused_naming_the_field(field: str) -> None:
+    with pytest.raises(ResumeStateError, match=f"stream state field '{field}' must be an int >= 1, got 0"):
+        _stream(SAVED).load_state_dict({**_saved_state(), field: 0})
+
+
 def test_a_malformed_order_entry_is_refused() -> None:
     with pytest.raises(ResumeStateError, match="order must be a dict of"):
         _stream(SAVED).load_state_dict({**_saved_state(), "order": {"shuffle": True}})
+    state = _saved_state()
+    with pytest.raises(ResumeStateError, match="order must be a dict of"):  # (a field this version does not know)
+        _stream(SAVED).load_state_dict({**state, "order": {**state["order"], "episode_pool": 2}})
 
 
 @pytest.mark.parametrize(
