@@ -735,6 +735,26 @@ def test_a_repeated_episode_index_is_refused(ds: Path) -> None:
         open_dataset(ds)
 
 
+def test_an_episode_length_that_disagrees_with_its_index_span_or_is_zero_is_refused(ds: Path) -> None:
+    _set_episode_column(ds, "length", 1, 19)
+    with pytest.raises(EpisodeMetadataError, match=r"episode 1 has length 19 but dataset_to_index - .* = 20; "):
+        open_dataset(ds)
+    _set_episode_column(ds, "length", 1, 0)
+    _set_episode_column(ds, "dataset_to_index", 1, 20)  # (its span agrees: 20..20)
+    with pytest.raises(EpisodeMetadataError, match=r"episode 1 has no frames \(length 0\), which LeRobot never"):
+        open_dataset(ds)
+
+
+def test_v3_episode_rows_out_of_order_are_read_by_episode_index(ds: Path) -> None:
+    """A meta/episodes file whose rows are not in episode order (rewritten, merged) reads as the sorted one."""
+    path = _episodes_file(ds)
+    pq.write_table(pq.read_table(path).take([2, 0, 3, 1]), path)
+    reader = open_dataset(ds)
+    assert reader.episodes.episode_index.tolist() == [0, 1, 2, 3]
+    assert reader.episodes.dataset_from_index.tolist() == [0, 20, 40, 60]
+    assert [reader.video(e, CAM).from_timestamp_s for e in range(4)] == [0.0, 2.0, 0.0, 2.0]  # (2 a file, 10 fps)
+
+
 def test_without_from_timestamp_only_one_episode_per_video_file_reads(ds: Path, make_ds, tmp_path: Path) -> None:
     def drop_starts(root: Path) -> None:
         path = _episodes_file(root)

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -289,6 +290,30 @@ def test_an_episode_tables_data_files_by_hand() -> None:
         table.select([1, 7])
     with pytest.raises(DatasetError, match=r"lists \[4\] more than once"):
         table.select([4, 1, 4])
+    with pytest.raises(DatasetError, match="must be a non-empty list of episode indices"):
+        table.select(np.array([], np.int64))  # (an empty selection of ints: no episode to read)
+
+
+def test_a_v2_episode_table_by_hand() -> None:
+    """episodes.jsonl in any order: rows sorted by episode index, packed back to back, one data and video file each
+    (file_index is the episode's), in chunks of ``chunks_size`` episodes."""
+    records = [
+        {"episode_index": 3, "length": 2, "tasks": ["d"]},
+        {"episode_index": 0, "length": 3, "tasks": ["a"]},
+        {"episode_index": 1, "length": 5, "tasks": None},
+        {"episode_index": 2, "length": 4, "tasks": ["c"]},
+    ]
+    info = SimpleNamespace(chunks_size=2)  # (all the v2.x table reads of info.json)
+    records_read = episode_table.EpisodeRecords("ds/meta/episodes.jsonl", records)
+    table = episode_table.read_episode_table(records_read, info, video_keys=["cam"])  # type: ignore[arg-type]
+    assert table.episode_index.tolist() == [0, 1, 2, 3] and table.length.tolist() == [3, 5, 4, 2]
+    assert table.dataset_from_index.tolist() == [0, 3, 8, 12] and table.dataset_to_index.tolist() == [3, 8, 12, 14]
+    assert table.data_chunk_index.tolist() == [0, 0, 1, 1] and table.data_file_index.tolist() == [0, 1, 2, 3]
+    assert table.data_row_start.tolist() == [0] * 4 and table.data_file_rows.tolist() == [3, 5, 4, 2]
+    assert table.tasks.to_pylist() == [["a"], [], ["c"], ["d"]]
+    cam = table.cameras["cam"]
+    assert cam.chunk_index.tolist() == [0, 0, 1, 1] and cam.file_index.tolist() == [0, 1, 2, 3]
+    assert cam.from_timestamp_s.tolist() == [0.0] * 4 and np.isnan(cam.next_from_timestamp_s).all()
 
 
 def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:
