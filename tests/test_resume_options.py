@@ -75,6 +75,20 @@ def test_options_that_do_not_change_the_order_are_not_held_to() -> None:
     _stream(OrderOptions(**{**SAVED.__dict__, "rank_balance": RankBalance.DROP}), world_size=1).load_state_dict(alone)
 
 
+def test_a_state_of_one_rank_after_a_change_holds_to_the_old_ranks_balance() -> None:
+    """Saved on 1 rank after a resume of a state of 2, the epoch's first segment was balanced over 2 ranks: another
+    balance would make it mean other samples."""
+    resumed = _stream(SAVED, world_size=1)
+    resumed.load_state_dict(_saved_state(world_size=2))
+    state = resumed.state_dict()
+    assert state["world_size"] == 1 and state["prior_segments"] == [[2, 15]]
+    other = OrderOptions(**{**SAVED.__dict__, "rank_balance": RankBalance.DROP})
+    with pytest.raises(
+        ResumeStateError, match="saved with rank_balance='pad', but this stream runs with rank_balance="
+    ):
+        _stream(other, world_size=1).load_state_dict(state)
+
+
 def test_version_1_states_load_where_the_old_deal_does_not_matter() -> None:
     """States saved before the order options were recorded (version 1) came with another split of episodes
     across ranks: on one rank, or at an epoch's start, they resume exactly; part-way on several ranks they
@@ -90,6 +104,8 @@ def test_version_1_states_load_where_the_old_deal_does_not_matter() -> None:
             stream.load_state_dict(legacy)
         stream.load_state_dict({**legacy, "epoch": 1, "samples_consumed": 0})
         assert (stream.epoch, stream.samples_consumed) == (1, 0)
+        with pytest.raises(ResumeStateError, match="earlier lerobot_dali"):  # (at a segment's start, after a change)
+            stream.load_state_dict({**legacy, "samples_consumed": 0, "prior_segments": [[1, 15]]})
 
 
 def test_a_state_saved_before_episode_pieces_resumes_as_whole_episodes() -> None:

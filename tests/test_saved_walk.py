@@ -22,7 +22,7 @@ from lerobot_dali.sample_order import (
     _PoolSimulator,
 )
 from lerobot_dali.saved_walk import WalkMismatchError
-from lerobot_dali.stream_state import SampleStream
+from lerobot_dali.stream_state import SampleStream, merge_rank_states
 
 # 300 episodes of 5..59 frames: an epoch of ~10,000 samples, ~670 pool chunks on one rank.
 LENGTHS = np.random.default_rng(0).integers(5, 60, size=300)
@@ -147,6 +147,19 @@ def test_another_ranks_walk_is_ignored_and_the_pool_replayed(chunk_starts: list[
         assert _rest(resumed) == whole[2000:]
     assert chunk_starts[0] == 0
     assert "the stream state's pool walk is rank 0's at sample 2000 of epoch 0, not rank 1's" in caplog.text
+
+
+def test_every_ranks_walk_gathered_starts_each_rank_at_its_own(chunk_starts: list[int]) -> None:
+    """A merge_rank_states() of both ranks' states, loaded on the same 2 ranks, starts rank 1 at rank 1's walk (the
+    state's ``walk`` is rank 0's): no replay from the epoch's start."""
+    states = [_saved(2000, rank=rank, world_size=2) for rank in range(2)]
+    merged = merge_rank_states(states)
+    whole = _rest(_stream(1, 2))
+    chunk_starts.clear()
+    resumed = _stream(1, 2)
+    resumed.load_state_dict(merged)
+    assert _rest(resumed) == whole[2000:]
+    assert min(chunk_starts) == states[1]["walk"]["emitted"] > 2000 - 200
 
 
 def test_a_state_edited_to_another_position_replays_to_it(chunk_starts: list[int]) -> None:
