@@ -316,6 +316,12 @@ def test_a_v2_episode_table_by_hand() -> None:
     assert cam.from_timestamp_s.tolist() == [0.0] * 4 and np.isnan(cam.next_from_timestamp_s).all()
 
 
+def test_a_v3_tasks_column_of_plain_texts_reads_as_lists_of_one() -> None:
+    """(A missing text reads as a missing list, not a list holding a null.)"""
+    table = pa.table({"episode_index": [0, 1, 2], "tasks": pa.array(["a", None, "b"], pa.large_string())})
+    assert episode_table._with_task_lists(table, "file-000.parquet")["tasks"].to_pylist() == [["a"], None, ["b"]]
+
+
 def test_a_stale_merge_reads_from_a_remote_filesystem(merged) -> None:
     import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
     from lerobot_dali.dataset_reader import open_dataset
