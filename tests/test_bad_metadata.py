@@ -253,12 +253,22 @@ def _set_fps(root: Path, fps: int) -> None:
     (root / "meta/info.json").write_text(json.dumps(info))
 
 
-@pytest.mark.parametrize("fps", [20, 14])
+@pytest.mark.parametrize("fps", [20, 14, 13])
 def test_an_fps_that_disagrees_with_the_timestamps_is_refused(ds: Path, fps: int) -> None:
-    """fps 20 over 10 fps rows turned a -0.05 s window into the row 0.1 s back."""
+    """fps 20 over 10 fps rows turned a -0.05 s window into the row 0.1 s back. (13: 30% off, past the 25% refused.)"""
     _set_fps(ds, fps)
     with pytest.raises(DatasetError, match=rf"rows are 0\.100000 s apart \(median\), but info\.json's fps {fps}"):
         _first_pass(ds)
+
+
+def test_an_episode_of_three_rows_is_held_to_the_fps(make_ds, copy_ds) -> None:
+    """Two steps between its rows have a median: an episode of 3 rows is checked as a longer one is."""
+    root = copy_ds(make_ds(**{**SPEC, "frames_per_episode": 3, "cameras": 0}))
+    _set_fps(root, 20)
+    with pytest.raises(
+        DatasetError, match=r"episode 1's rows are 0\.100000 s apart \(median\), but info\.json's fps 20"
+    ):
+        open_dataset(root).read_episode(1)
 
 
 @pytest.mark.parametrize("fps", [12, 8])
@@ -1097,8 +1107,9 @@ def test_a_v3_task_list_out_of_index_order_is_refused_where_lerobot_reads_other_
     assert problems and all(told in problem.message for problem in problems)
 
 
-def _pandas_indexed(table: pa.Table, index: str) -> pa.Table:
-    """``table`` with pandas metadata making column ``index`` the DataFrame's index, as pandas writes one so named."""
+def _pandas_indexed(table: pa.Table, index: str | list[str]) -> pa.Table:
+    """``table`` with pandas metadata making column ``index`` the DataFrame's index, as pandas writes one so named
+    (a list: the levels of a MultiIndex)."""
     columns = [
         {
             "name": c,
@@ -1109,7 +1120,7 @@ def _pandas_indexed(table: pa.Table, index: str) -> pa.Table:
         }
         for c in table.column_names
     ]
-    meta = {"index_columns": [index], "column_indexes": [], "columns": columns}
+    meta = {"index_columns": index if isinstance(index, list) else [index], "column_indexes": [], "columns": columns}
     return table.replace_schema_metadata({b"pandas": json.dumps(meta).encode()})
 
 
@@ -1124,9 +1135,12 @@ def _pandas_indexed(table: pa.Table, index: str) -> pa.Table:
         (pa.table({"task_index": [1, 0], "task": ["place", "pick"]}), None, ["pick", "place"], "task"),
         (pa.table({"task_index": [1, 0], "__index_level_0__": ["place", "pick"]}), None, ["pick", "place"],
          "__index_level_0__"),
+        # (a two-level index: LeRobot's row name is a tuple of both, no text; its task column is read)
+        (pa.table({"task_index": [0, 1], "task": ["pick", "place"], "other": ["stack", "pour"]}), ["other", "task"],
+         ["pick", "place"], "task"),
     ],
     ids=["index-named-instruction", "index-beside-a-task-column", "categorical-index", "plain-task-column",
-         "index-column-no-metadata"],
+         "index-column-no-metadata", "two-level-index"],
 )  # fmt: skip
 def test_a_task_list_gives_the_texts_lerobot_reads_or_its_text_column_said_once(
     ds: Path, table, index, read, warned, caplog

@@ -306,6 +306,43 @@ def test_generated_rows_have_exact_values(make_ds, version: str) -> None:
         assert r.video(1, "observation.images.cam0").from_timestamp_s == pytest.approx(0.5)
 
 
+def test_index_columns_info_json_does_not_declare_are_derived_from_the_episode_metadata(v3: Path) -> None:
+    info = json.loads((v3 / "meta/info.json").read_text())
+    _edit_info(
+        v3, features={k: v for k, v in info["features"].items() if k not in ("index", "episode_index", "frame_index")}
+    )
+    rows = open_dataset(v3).read_episode(2)  # 7 rows, after episodes of 5 and 1
+    np.testing.assert_array_equal(rows["index"], np.arange(6, 13))
+    np.testing.assert_array_equal(rows["frame_index"], np.arange(7))
+    np.testing.assert_array_equal(rows["episode_index"], np.full(7, 2))
+
+
+@pytest.mark.parametrize(("version", "other"), [("v2.1", "meta/tasks.parquet"), ("v3.0", "meta/tasks.jsonl")])
+def test_the_task_list_of_the_datasets_own_version_is_read_where_both_are_present(
+    make_ds, copy_ds, version: str, other: str
+) -> None:
+    """A v2.1 dataset reads meta/tasks.jsonl, a v3.0 one meta/tasks.parquet, whatever the other version's file says
+    (a folder converted in place keeps both)."""
+    from lerobot_dali.generate import task_name, text_list_table
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=3, cameras=0, version=version))
+    stale = [(0, "stale"), (1, "stale too")]
+    if other.endswith(".parquet"):
+        pq.write_table(text_list_table("task", stale), root / other)
+    else:
+        (root / other).write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n" for i, t in stale))
+    assert open_dataset(root).tasks == {0: task_name(0), 1: task_name(1)}
+
+
+def test_the_content_digest_holds_the_episode_lengths(make_ds) -> None:
+    """Two datasets whose info.json and tasks are alike, and whose episodes' lengths differ, hold other frames."""
+    spec = dict(episodes=2, cameras=0, fps=10)
+    a = open_dataset(make_ds(**spec, frames_per_episode=[3, 4]))
+    b = open_dataset(make_ds(**spec, frames_per_episode=[4, 3]))
+    assert a.info.raw == b.info.raw and a.tasks == b.tasks and a.episodes.tasks == b.episodes.tasks
+    assert a.identity_digest() == b.identity_digest() and a.content_digest() != b.content_digest()
+
+
 @pytest.mark.parametrize("row_group_size", [1, 2, 3, 4, 100])
 def test_episodes_read_the_same_whatever_the_row_groups(make_ds, copy_ds, row_group_size: int) -> None:
     """Row groups that start inside episodes, at their starts, one row each (found by binary search)."""
@@ -1231,6 +1268,15 @@ def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path) -> Non
     advice = r"disagree: download the dataset again, or leave episode 0 out \(episodes=\[\.\.\.\]\)$"
     with pytest.raises(EpisodeMetadataError, match=r"episode 0's 'index' column does not run from .*" + advice):
         open_dataset(v3).read_episode(0)
+
+
+def test_an_unlisted_task_index_error_names_the_data_file_of_an_episode_read_alone(v3: Path) -> None:
+    reader = open_dataset(v3, episodes=[0, 3])  # episode 3 in file-001, at position 1
+    said = str(reader.unlisted_index_error("task", 9, 3))
+    assert said.startswith(f"{reader.data_path(1)}: episode 3's rows hold task_index 9, which is not in"), said
+    # Episode 2, not read, would be at position 1 too: its message names the dataset, not episode 3's file.
+    said = str(reader.unlisted_index_error("task", 9, 2))
+    assert said.startswith(f"{reader.location.description}: episode 2's rows hold task_index 9"), said
 
 
 def test_read_episode_of_a_key_it_cannot_read_says_what_to_do(v3: Path) -> None:

@@ -259,6 +259,10 @@ def test_declared_image_column_missing_from_the_data(make_ds, copy_ds) -> None:
     path = root / "data/chunk-000/file-000.parquet"
     pq.write_table(pq.read_table(path).drop_columns([CAM1]), path)
     reader = open_dataset(root)
+    with pytest.raises(
+        SchemaMismatchError, match=r"file-000\.parquet: declared feature\(s\) \['observation\.images\.cam1'\]"
+    ):
+        reader.check_data_columns()  # (as the iterator is built: from the footers the open read)
     pattern = r"\['observation\.images\.cam1'\] have no column.*leave out camera\(s\) \['observation\.images\.cam1'\] "
     pattern += r"with cameras=\[\.\.\.\] \(on the command line: --cameras KEY \.\.\.\)"
     with pytest.raises(SchemaMismatchError, match=pattern):

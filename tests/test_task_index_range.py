@@ -333,9 +333,13 @@ def test_a_file_whose_task_index_span_covers_a_misplaced_index_its_rows_never_ho
     texts = [task_name(0), task_name(1), task_name(0), task_name(1), task_name(0), "task four"]
     expected = {i: texts[e] for e in range(6) for i in range(starts[e], starts[e + 1])}
     assert _tasks_by_index(_iterator(root, shuffle=False)) == expected
+    refused = (r"file-002\.parquet: its rows hold task_index \[2\], .* for task_index 2 it reads row 2's 'task three' "
+               r"where the list says 'task two'")  # fmt: skip
     pq.write_table(table.set_column(at, "task_index", pa.array(np.where(episode == 5, 4, 2))), path)
-    with pytest.raises(EpisodeMetadataError, match=r"file-002\.parquet: its rows hold task_index \[2\], .* for "
-                       r"task_index 2 it reads row 2's 'task three' where the list says 'task two'"):  # fmt: skip
+    with pytest.raises(EpisodeMetadataError, match=refused):
+        _iterator(root)
+    _set_task_index(path, 2)  # (its statistics' min and max: 2, the misplaced index at either end of the span)
+    with pytest.raises(EpisodeMetadataError, match=refused):
         _iterator(root)
 
 
