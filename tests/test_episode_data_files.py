@@ -44,6 +44,10 @@ def _set_episode_columns(root: Path, **columns: list[int]) -> None:
     pq.write_table(table, path)
 
 
+def _episode_rows(table: pa.Table, episode: int) -> pa.Table:
+    return table.filter(pc.equal(table["episode_index"], episode))
+
+
 def _drop_rows(data_file: Path, keep) -> None:
     table = pq.read_table(data_file)
     pq.write_table(table.filter(keep(table)), data_file)
@@ -82,6 +86,26 @@ def test_an_episode_subset_of_a_stale_merge_reads(merged) -> None:
     assert all(torch.equal(a["action"], b["action"]) for a, b in zip(got, expected, strict=True))
 
 
+def test_the_warning_names_three_missing_data_files_and_marks_more(merged, caplog) -> None:
+    """The stale index's missing files are named, the first three of them ("..." past those)."""
+    _, stale = merged
+    from lerobot_dali.dataset_reader import open_dataset
+
+    for file_index, shown in (([7, 7, 8, 8, 9], "file-009.parquet'])"), ([7, 7, 8, 9, 10], "file-009.parquet'] ...)")):
+        _set_episode_columns(stale, **{"data/file_index": file_index})
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lerobot_dali.episode_data_files"):
+            assert open_dataset(stale).num_episodes == 5
+        (said,) = [r.getMessage() for r in caplog.records]
+        named = re.search(r"names data files that do not exist \((.*?\))", said)
+        assert named is not None and named[1].endswith(shown), said
+        assert [name.rsplit("/", 1)[-1] for name in re.findall(r"'([^']*)'", named[1])] == [
+            "file-007.parquet",
+            "file-008.parquet",
+            "file-009.parquet",
+        ]
+
+
 def test_an_episode_in_no_data_file_is_named(merged) -> None:
     _, stale = merged
     _drop_rows(stale / "data/chunk-000/file-002.parquet", lambda t: pc.not_equal(t["episode_index"], 4))
@@ -89,6 +113,17 @@ def test_an_episode_in_no_data_file_is_named(merged) -> None:
         _samples(stale)
     # Only the episodes to read must be found: a selection without episode 4 reads.
     assert [b["episode_index"].unique().tolist() for b in _samples(stale, episodes=[1])] == [[1]] * 3
+
+
+def test_a_data_file_not_spelt_as_the_template_names_it_is_not_read(merged) -> None:
+    """file-002 renamed file-2, which data_path's {file_index:03d} never names: the reader does not read it, so
+    episode 4 is in no data file (not found there, nor "missing" as file-002)."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    _, stale = merged
+    (stale / "data/chunk-000/file-002.parquet").rename(stale / "data/chunk-000/file-2.parquet")
+    with pytest.raises(MissingDataFileError, match=r"file-007\.parquet is missing: .*episodes \[4\] are in no other"):
+        open_dataset(stale)
 
 
 def test_an_episode_not_to_read_and_in_no_file_does_not_count_toward_a_real_files_rows(merged) -> None:
@@ -196,7 +231,26 @@ def test_rows_no_episode_reads_fail_at_open_when_every_episode_is_where_the_meta
     pq.write_table(table.filter(pc.not_equal(table["episode_index"], 1)), path)
     with pytest.raises(EpisodeMetadataError, match=r"places 6 rows in .*file-000\.parquet, which holds 15 .*yet every"):
         open_dataset(ds)
+    with pytest.raises(EpisodeMetadataError, match=r"yet every .* leave out its episodes \[0\] \(episodes="):
+        open_dataset(ds)  # (file-000's episodes alone: the other files hold what they should)
     assert open_dataset(ds, episodes=[2, 3]).read_episode(0)["episode_index"].tolist() == [2] * LENGTHS[2]
+
+
+def test_an_episode_in_its_named_file_at_another_row_is_located_there(make_ds, copy_ds) -> None:
+    """file-000 holds episode 1, then episode 0, then episode 2 (moved from file-001): episode 0, read alone, is in
+    the file meta/episodes names but not at its row 0, so it is located and read at rows 9-14 (not refused as
+    "every episode to read is where it says")."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    ds = copy_ds(make_ds(**SPEC, fps=10))
+    first, second = (ds / f"data/chunk-000/file-00{i}.parquet" for i in (0, 1))
+    a, b = pq.read_table(first), pq.read_table(second)
+    pq.write_table(pa.concat_tables([_episode_rows(a, 1), _episode_rows(a, 0), _episode_rows(b, 2)]), first)
+    pq.write_table(_episode_rows(b, 3), second)
+    rows = open_dataset(ds, episodes=[0]).read_episode(0)
+    assert rows["episode_index"].tolist() == [0] * LENGTHS[0]
+    np.testing.assert_array_equal(rows["index"], np.arange(LENGTHS[0]))
+    np.testing.assert_array_equal(rows["frame_index"], np.arange(LENGTHS[0]))
 
 
 def test_open_and_the_column_check_name_each_data_file_once_not_each_episode(make_ds, monkeypatch) -> None:
@@ -349,6 +403,21 @@ def test_a_stale_merge_whose_data_files_cannot_be_listed_says_so(merged, monkeyp
     monkeypatch.setattr("lerobot_dali.file_stamps.find_files", cannot_list)
     with pytest.raises(MissingDataFileError, match=r"file-007.*no data file matching .* could be listed"):
         open_dataset("fakeremote://", storage_options={"root": str(stale)})
+
+
+def test_a_timeout_reading_an_episode_index_column_is_raised_as_itself(merged, monkeypatch) -> None:
+    """A transient failure reading a data file's episode_index column is raised as such (a retry may read it), not
+    named a file without a readable column."""
+    from lerobot_dali import episode_data_files
+    from lerobot_dali.dataset_reader import open_dataset
+
+    def timing_out(*args, **kwargs):
+        raise TimeoutError("read timed out")
+
+    _, stale = merged
+    monkeypatch.setattr(episode_data_files, "read_parquet", timing_out)
+    with pytest.raises(TimeoutError, match="read timed out"):
+        open_dataset(stale)
 
 
 def test_a_data_file_whose_episode_index_page_does_not_parse_is_named(merged) -> None:

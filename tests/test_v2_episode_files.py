@@ -152,6 +152,8 @@ def test_past_the_checked_episodes_a_missing_file_fails_when_read(make_ds, copy_
         reader = open_dataset(root)
     assert "6 episodes to read, a data file each: more than 5" in caplog.text
     assert reader.num_episodes == 6 and open_dataset(root, episodes=[0, 1, 2, 3, 4]).num_episodes == 5
+    with pytest.raises(MissingDataFileError, match=r"chunk-001/episode_000005\.parquet is missing"):
+        open_dataset(root, episodes=[0, 1, 2, 3, 5])  # (5 episodes, not past the count: each file is checked)
     with pytest.raises(MissingDataFileError, match=r"chunk-001/episode_000005\.parquet"):
         reader.read_episode(5)
 
