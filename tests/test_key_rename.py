@@ -14,9 +14,9 @@ from itertools import permutations
 
 import pytest
 
-from lerobot_dali import DALILeRobotMixture, concat_datasets, key_rename
+from lerobot_dali import DALILeRobotMixture, concat_datasets, key_rename, open_dataset
 from lerobot_dali.dataset_reader import locate_dataset
-from lerobot_dali.errors import CameraSelectionError, DeltaTimestampsError
+from lerobot_dali.errors import CameraSelectionError, DeltaTimestampsError, RenameMapError
 from lerobot_dali.key_rename import KeyRename, own_cameras, rename_hint, rename_map_from_json
 
 CAM0, CAM1, CAM2, SIDE, TOP, WRIST = (
@@ -243,3 +243,14 @@ def test_maps_told_for_a_dataset_of_six_cameras_start_with_the_entries_that_diff
         (key, SIDE) for key in (own[1], own[4], "observation.images.laptop")
     ]
     assert [dict(list(m.items())[1:]) for m in told] == [given] * 3
+
+
+def test_a_map_whose_reversed_entry_is_another_entrys_key_is_told_no_reversal(cameras2) -> None:
+    """``{top: cam0, cam0: wrist}``: 'top' is no key of the dataset's, but reversed (``{cam0: top}``) its entry is the
+    other's key; the reversal told would be ``{cam0: wrist}``, the entry for 'top' lost: none is told."""
+    reader = open_dataset(cameras2)
+    with pytest.raises(RenameMapError) as caught:
+        KeyRename.checked({TOP: CAM0, CAM0: WRIST}, reader)
+    assert str(caught.value).endswith("its values the batches' names"), caught.value
+    with pytest.raises(RenameMapError, match=re.escape(f'other way round: pass {{"{CAM0}": "{TOP}"}}')):
+        KeyRename.checked({TOP: CAM0}, reader)
