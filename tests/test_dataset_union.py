@@ -24,7 +24,13 @@ import torch
 from lerobot_dali import DALILeRobotIterator, DALILeRobotMixture, concat_datasets, open_dataset
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
-from lerobot_dali.errors import CameraSelectionError, DatasetError, FrameTimestampError, SchemaMismatchError
+from lerobot_dali.errors import (
+    CameraSelectionError,
+    DatasetError,
+    FrameTimestampError,
+    RenameMapError,
+    SchemaMismatchError,
+)
 from lerobot_dali.generate import expected_action, expected_state, expected_task_index, task_name
 from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
@@ -559,6 +565,11 @@ def test_one_rename_map_naming_no_dataset_s_key_says_what_its_keys_are(make_ds) 
     assert (
         rename_maps_for({cam0: "observation.images.front"}, readers)[0].batch_name(cam0) == "observation.images.front"
     )
+    # One map per dataset: as many as the datasets, None for one read under its own names.
+    each = rename_maps_for([None, {cam0: "observation.images.front"}], readers)
+    assert [rename.to_batch for rename in each] == [{}, {cam0: "observation.images.front"}]
+    with pytest.raises(RenameMapError, match=r"one rename_map for all datasets, or one per dataset \(2\), got 1$"):
+        rename_maps_for([{cam0: "observation.images.front"}], readers)
 
 
 def test_a_rename_map_written_partly_the_other_way_round_is_told_whole(make_ds) -> None:

@@ -113,12 +113,16 @@ def test_a_window_hint_keeps_the_keys_windows_name(cameras3, cameras2) -> None:
 
 def test_names_alike_are_paired_without_listing_every_order() -> None:
     """'top' and 'wrist' lacking, 'cam_top' and 'wrist_cam' spare (their last parts' words, less 'cam', one set):
-    one map; where two spare keys are alike one lacking ('wrist_cam', 'cam_wrist'), each pairing."""
+    one map; where two spare keys are alike one lacking ('wrist_cam', 'cam_wrist'), each pairing; and where one
+    spare key is alike two lacking ('top_cam' and 'top', 'cam_top'), each pairing too (it was paired with the last)."""
     named = "observation.images.cam_top", "observation.images.wrist_cam", "observation.images.cam_wrist"
     hint = rename_hint([TOP, WRIST], [named[0], named[1], CAM0], KeyRename())
     assert _maps_told(ValueError(hint)) == [{named[0]: TOP, named[1]: WRIST}]
     hint = rename_hint([WRIST], [named[1], named[2]], KeyRename({CAM0: "x"}))
     assert _maps_told(ValueError(hint)) == [{CAM0: "x", named[1]: WRIST}, {CAM0: "x", named[2]: WRIST}]
+    top_cam = "observation.images.top_cam"
+    hint = rename_hint([TOP, named[0]], [top_cam, SIDE], KeyRename())
+    assert _maps_told(ValueError(hint)) == [{top_cam: TOP, SIDE: named[0]}, {SIDE: TOP, top_cam: named[0]}]
 
 
 def test_a_window_lacking_a_camera_and_a_feature_pairs_each_with_its_kind(cameras3, cameras2) -> None:
@@ -254,3 +258,9 @@ def test_a_map_whose_reversed_entry_is_another_entrys_key_is_told_no_reversal(ca
     assert str(caught.value).endswith("its values the batches' names"), caught.value
     with pytest.raises(RenameMapError, match=re.escape(f'other way round: pass {{"{CAM0}": "{TOP}"}}')):
         KeyRename.checked({TOP: CAM0}, reader)
+
+
+def test_a_camera_two_of_three_datasets_have_is_left_out(cameras3, cameras2) -> None:
+    """'cam2' is the first two datasets', not the third's: left out of all three, as one only the first has is."""
+    union = concat_datasets([cameras3, cameras3, cameras2])
+    assert [member.all_camera_keys for member in union.members] == [(CAM0, CAM1)] * 3
