@@ -16,7 +16,7 @@ import pytest
 
 from lerobot_dali import DALILeRobotMixture, concat_datasets, key_rename, open_dataset
 from lerobot_dali.dataset_reader import locate_dataset
-from lerobot_dali.errors import CameraSelectionError, DeltaTimestampsError, RenameMapError
+from lerobot_dali.errors import CameraSelectionError, DatasetError, DeltaTimestampsError, RenameMapError
 from lerobot_dali.key_rename import KeyRename, own_cameras, rename_hint, rename_map_from_json
 
 CAM0, CAM1, CAM2, SIDE, TOP, WRIST = (
@@ -264,3 +264,20 @@ def test_a_camera_two_of_three_datasets_have_is_left_out(cameras3, cameras2) -> 
     """'cam2' is the first two datasets', not the third's: left out of all three, as one only the first has is."""
     union = concat_datasets([cameras3, cameras3, cameras2])
     assert [member.all_camera_keys for member in union.members] == [(CAM0, CAM1)] * 3
+
+
+def test_entries_giving_a_key_its_own_name_rename_nothing(cameras2) -> None:
+    """``{index: index}`` (a map written out whole) names no key every batch carries under another name: dropped,
+    as ``{cam0: cam0}`` is, not refused."""
+    reader = open_dataset(cameras2)
+    assert dict(KeyRename.checked({"index": "index", CAM0: CAM0, CAM1: TOP}, reader).to_batch) == {CAM1: TOP}
+    assert not KeyRename.checked({CAM0: CAM0}, reader)
+
+
+def test_a_key_its_map_renames_away_is_told_its_new_name_alone(cameras3, cameras2) -> None:
+    """keys= naming a feature by the name the dataset's map renames away: told to name it so, and no map giving some
+    other key that name (the dataset has it, under the new name)."""
+    state = "observation.state"
+    with pytest.raises(DatasetError) as caught:
+        concat_datasets([cameras3, cameras2], keys=[state], rename_maps=[{state: "observation.joints"}, None])
+    assert str(caught.value).endswith(f"{state!r} is renamed 'observation.joints' by its rename_map: name it so")
