@@ -634,6 +634,20 @@ def test_per_dataset_selection_through_open_dataset(make_ds) -> None:
     mix.close()
 
 
+def test_a_window_on_an_index_column_reads_with_keys_that_leave_it_out(make_ds) -> None:
+    """``keys=['action']`` selects no ``frame_index``, which every batch carries all the same: a window on it reads,
+    0.1 s back being a frame of the first dataset (10 fps) and two of the second (20 fps), before frame 0 padded."""
+    mix = DALILeRobotMixture(
+        _datasets(make_ds), batch_size=4, shuffle=False, keys=["action"], cameras=[],
+        delta_timestamps={"frame_index": [-0.1, 0.0]}, device="cpu", num_workers=0,
+    )  # fmt: skip
+    batch = next(iter(mix))
+    mix.close()
+    assert _keys({**batch, "frame_index": batch["frame_index"][:, -1]}) == [(0, 0, 0), (1, 0, 0), (1, 0, 1), (1, 0, 2)]
+    assert batch["frame_index"].tolist() == [[0, 0], [0, 0], [0, 1], [0, 2]]
+    assert batch["frame_index_is_pad"].tolist() == [[True, False], [True, False], [True, False], [False, False]]
+
+
 def test_a_rename_map_mixes_cameras_of_other_names_windows_and_normalisation_included(make_ds) -> None:
     """The second dataset's two cameras swap names: the mixture's ``cam0`` is its ``cam1`` (frames marked camera
     1), read with the window and the per-camera ``Normalize`` the caller gave ``cam0``."""
