@@ -143,6 +143,25 @@ def test_a_subtask_index_not_in_the_subtask_list_is_refused_when_the_iterator_is
     assert _indices(_iterator(root, episodes=[0, 1, 2, 3], shuffle=False)) == list(range(sum(LENGTHS[:4])))
 
 
+def _add_task_three(root: Path) -> None:
+    """Task 3, 'task three', added to the task list of ``root`` (a v3.0 dataset of tasks 0 and 1): a gap at 2."""
+    tasks = pq.read_table(root / "meta/tasks.parquet")
+    extra = pa.table({"task_index": [3], tasks.column_names[1]: ["task three"]}, schema=tasks.schema)
+    pq.write_table(pa.concat_tables([tasks, extra]), root / "meta/tasks.parquet")
+
+
+def test_a_union_numbers_the_next_datasets_tasks_after_the_last_index_of_a_list_with_a_gap(make_ds, tmp_path) -> None:
+    """Task list {0, 1, 3} and a second dataset's {0, 1}: the second's are the union's 4 and 5, after the first's
+    last index, not 3 and 4 after its count (its 0 would be 'task three', the first's 3)."""
+    first = shutil.copytree(make_ds(**V3), tmp_path / "first")
+    _add_task_three(first)
+    second = make_ds(**V3, seed=1)
+    union = concat_datasets([first, second])
+    own = [open_dataset(root).tasks for root in (first, second)]
+    assert union.task_offsets == (0, 4)
+    assert union.tasks == {0: own[0][0], 1: own[0][1], 3: "task three", 4: own[1][0], 5: own[1][1]}
+
+
 def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_value_when_read(
     make_ds, tmp_path
 ) -> None:
@@ -152,9 +171,7 @@ def test_a_task_index_in_a_gap_of_the_task_list_names_its_file_episode_and_own_v
     dataset's 2 here) and the union's list. It names the data file, the episode and the dataset's own index and list."""
     first = shutil.copytree(make_ds(**V3), tmp_path / "first")
     second = shutil.copytree(make_ds(**V3, seed=1), tmp_path / "second")
-    tasks = pq.read_table(first / "meta/tasks.parquet")
-    extra = pa.table({"task_index": [3], tasks.column_names[1]: ["task three"]}, schema=tasks.schema)
-    pq.write_table(pa.concat_tables([tasks, extra]), first / "meta/tasks.parquet")
+    _add_task_three(first)
     path = first / V3_LAST
     table = pq.read_table(path)
     episode = np.asarray(table["episode_index"])
