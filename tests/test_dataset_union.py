@@ -375,6 +375,12 @@ def test_another_selection_of_a_dataset_moved_past_the_end_of_the_saved_list_is_
     said = str(refused.value)
     assert f"{a} is dataset 2, was 0; {c} (dataset 0) is not one it was saved over" in said
     assert "it was saved over 2 datasets, not 3" in said
+    # a's other selection added after the saved list, a (episodes 0, 1) still at 0: nothing moved, so no reorder to
+    # refuse (left to the episodes' check), not a named as moved from 0, where it still is.
+    from lerobot_dali.dataset_union import refuse_another_order
+
+    added = [open_dataset(a, episodes=[0, 1]), open_dataset(b), open_dataset(a, episodes=[2, 3])]
+    assert refuse_another_order(state, added, "the union") is None
 
 
 def test_a_union_resumed_with_one_dataset_regenerated_warns_naming_it_alone(make_ds, caplog) -> None:
@@ -406,6 +412,24 @@ def test_a_union_resumed_with_one_dataset_regenerated_warns_naming_it_alone(make
         warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warned) == 1 and "\n" not in warned[0] and str(c) not in warned[0]
         assert f"saved over {named} (contents {state['dataset_contents'][0]}), now {b} (contents " in warned[0]
+
+
+def test_contents_saved_as_a_tuple_warn_only_of_a_dataset_that_changed(make_ds, caplog) -> None:
+    """A state from a serializer that gives tuples for lists: the same contents, as a tuple, are no other contents;
+    one changed is named alone (by its place: the state names no dataset)."""
+    from lerobot_dali.dataset_union import dataset_contents, warn_of_other_contents
+
+    readers = [open_dataset(path) for path in _datasets(make_ds)]
+    now = dataset_contents(readers)
+    changed = f"saved over dataset 0 (contents {'0' * 16}), now {readers[0].location.description} (contents {now[0]})"
+    for contents, warned in ((tuple(now), []), (("0" * 16, now[1]), [changed])):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            warn_of_other_contents({"dataset_contents": contents}, readers)
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == len(warned), said
+        for expected, message in zip(warned, said, strict=True):
+            assert expected in message and readers[1].location.description not in message, message
 
 
 @pytest.mark.parametrize("kind", ["union", "mixture"])
@@ -1055,6 +1079,23 @@ def test_a_key_whose_layout_differs_is_told_the_selection_of_its_kind(make_ds) -
     assert "leave it out with cameras=[...]" in message and "keys=[...]" not in message
 
 
+def test_a_union_selected_with_its_dataset_index_keeps_it_and_selects_its_datasets_without_it(make_ds) -> None:
+    """``dataset_index`` is the union's, not a key of its datasets: kept, and not asked of them (which lack it)."""
+    union = concat_datasets(_datasets(make_ds)).select(keys=["action", "dataset_index"])
+    assert union.tabular_keys == ["action", "dataset_index"]
+    assert [member.tabular_keys for member in union.members] == [["action"], ["action"]]
+
+
+def test_a_row_of_a_dataset_index_the_union_lacks_is_told_as_the_unions(make_ds) -> None:
+    """A row's task_index no list holds, its dataset_index out of the union's range (no dataset 2 or -1 of 2): the
+    union's error, naming the union and its own task list, not one of the last dataset's (or an IndexError)."""
+    union = concat_datasets(_datasets(make_ds))
+    for dataset in (2, -1, None):
+        said = str(union.unlisted_index_error("task", 9, 0, dataset))
+        assert said.startswith(f"{union.location.description}: episode 0's rows hold task_index 9, which"), said
+        assert f"task indices {sorted(union.tasks)}" in said, said
+
+
 def test_a_selection_given_as_one_string_is_refused_naming_the_list(make_ds) -> None:
     """keys="action" (one key, not a list) was read letter by letter: "unknown key(s) ['a', 'c', 't', 'i', 'o',
     'n']", by the union and the mixture (the iterator and cameras= said what to pass)."""
@@ -1644,3 +1685,20 @@ def test_a_nested_unions_datasets_each_have_their_files_surveyed(make_ds) -> Non
     assert file_positions(union, camera) == expected and len(expected) == 1 + 2 + 2
     files = {union.video(pos, camera).path for pos in expected}
     assert files == {leaf.video(pos, camera).path for leaf in leaves for pos in range(leaf.num_episodes)}
+
+
+def test_a_path_is_held_by_the_dataset_of_the_longest_root_it_is_under() -> None:
+    """A dataset's folder inside another's: its files are its own, not the outer dataset's; a root is a folder, not a
+    prefix of names ('/data/a' holds nothing of '/data/ab'); a path under none is the first dataset's."""
+    from lerobot_dali.dataset_union import MemberRoots
+
+    roots = MemberRoots(["/data/a", "/data/a/nested/", "/data/ab"])
+    paths = [
+        "/data/a/data/x.parquet",
+        "/data/a/nested/data/x.parquet",
+        "/data/ab/x.parquet",
+        "/data/abc/x",
+        "/elsewhere",
+    ]
+    assert [roots.of(path) for path in paths] == [0, 1, 2, 0, 0]
+    assert MemberRoots(["/d/x", "/d/y"], owners=[3, 3]).of("/d/y/f") == 3  # (a union's datasets: its own position)
