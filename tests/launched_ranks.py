@@ -14,11 +14,18 @@ from pathlib import Path
 
 
 def run_ranks(
-    rank_code: str, ranks: int, *args: str, wrapper: list[str] | None = None, run_id: str = "none"
+    rank_code: str,
+    ranks: int,
+    *args: str,
+    wrapper: list[str] | None = None,
+    run_id: str = "none",
+    python_options: tuple[str, ...] = (),
 ) -> list[str]:
     """The stdout of each of ``ranks`` processes running ``rank_code`` (Python, given ``args`` as ``sys.argv[1:]``)
     started by one fake agent, by rank;
     ``wrapper``: each runs under it (``["sh", "-c", '"$0" "$@"; true']``: a shell that runs the rank and lives on).
+    ``python_options``: the agent's interpreter's (``("-u", "-B")``: its program the 4th argument, as in ``python -u
+    -m torch.distributed.run``).
     Raises CalledProcessError (with the ranks' stderr) where a rank fails. Each call is another agent: another job."""
     agent = textwrap.dedent(f"""
         import json, os, subprocess, sys
@@ -41,6 +48,6 @@ def run_ranks(
         program = Path(folder) / "torchrun"  # (an agent is told by its command line: python .../torchrun ...)
         program.write_text(agent)
         done = subprocess.run(
-            [sys.executable, program], capture_output=True, text=True, timeout=300, check=True, env=env
+            [sys.executable, *python_options, program], capture_output=True, text=True, timeout=300, check=True, env=env
         )
     return json.loads(done.stdout)

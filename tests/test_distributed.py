@@ -50,7 +50,7 @@ def test_arguments_win_and_must_come_in_pairs(clean_env) -> None:
     clean_env.setenv("RANK", "1")
     clean_env.setenv("WORLD_SIZE", "4")
     info = resolve_rank(2, 3)
-    assert (info.rank, info.world_size, info.source) == (2, 3, "arguments")
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (2, 3, 0, "arguments")  # (no LOCAL_RANK)
     with pytest.raises(ValueError, match="both rank and world_size"):
         resolve_rank(1, None)
     with pytest.raises(ValueError, match=r"rank must be in \[0, world_size\)"):
@@ -73,7 +73,8 @@ def test_launcher_environment(clean_env) -> None:
 @pytest.mark.parametrize(
     ("name", "value", "valid"),
     [("RANK", "abc", "0"), ("RANK", "1.0", "0"), ("RANK", " 1", "0"), ("WORLD_SIZE", "4.0", "1"),
-     ("WORLD_SIZE", "0", "1"), ("LOCAL_RANK", "x", "0"), ("LOCAL_RANK", "-1", "0")],
+     ("WORLD_SIZE", "0", "1"), ("LOCAL_RANK", "x", "0"), ("LOCAL_RANK", "-1", "0"),
+     ("RANK", "\u0661", "0")],  # (an Arabic-Indic 1: a digit to str.isdigit and int(), in no launcher's spelling)
 )  # fmt: skip
 def test_a_launcher_variable_that_is_no_whole_number_is_named(clean_env, name: str, value: str, valid: str) -> None:
     # (each was a bare int() ValueError, or RankInfo's 'rank must be in [0, world_size)', from deep in resolve_rank)
@@ -170,6 +171,12 @@ def test_rank_0_of_world_size_1_set_by_hand_is_one_process_where_a_launcher_star
     clean_env.setattr("lerobot_dali.distributed._trainer_uses_accelerate", lambda: False)
     assert (resolve_rank().rank, resolve_rank().world_size, resolve_rank().source) == (0, 1, "environment")
     assert data_rank(SimpleNamespace(process_index=0, num_processes=1)) == (0, 1)
+    clean_env.delenv("WORLD_SIZE")  # (RANK=0 alone says no one of one: srun's variables are still this process's)
+    with pytest.raises(
+        ShardingError, match=r"\(SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2\).* RANK and WORLD_SIZE are not"
+    ):
+        resolve_rank()
+    clean_env.setenv("WORLD_SIZE", "1")
     clean_env.setenv("RANK", "1")  # (a rank above 0 of one process: still refused)
     with pytest.raises(ShardingError, match=r"\(RANK=1, WORLD_SIZE=1\)"):
         data_rank(SimpleNamespace(process_index=0, num_processes=1))
@@ -271,6 +278,8 @@ def test_cpus_are_shared_among_the_ranks_of_a_node(clean_env) -> None:
     assert cpus_per_local_rank() == 16
     clean_env.setenv("LOCAL_WORLD_SIZE", "8")
     assert cpus_per_local_rank() == 2
+    clean_env.setenv("LOCAL_WORLD_SIZE", "3")  # (rounded down: 3 ranks of 6 CPUs would be 18 of the node's 16)
+    assert cpus_per_local_rank() == 5
     clean_env.setenv("LOCAL_WORLD_SIZE", "32")  # more ranks than CPUs: still one each
     assert cpus_per_local_rank() == 1
 
@@ -301,8 +310,8 @@ def test_iterator_says_how_many_workers_decode_on_how_many_cpus(make_ds, clean_e
 
 @pytest.mark.parametrize(
     ("local_rank", "visible", "expected"),
-    [(3, 8, "cuda:3"), (3, 1, "cuda:0"), (0, 1, "cuda:0"), (3, 0, "cuda:3"), (3, 2, None)],
-    ids=["all-gpus-visible", "one-gpu-per-rank", "rank-0", "no-gpu", "ambiguous"],
+    [(3, 8, "cuda:3"), (3, 1, "cuda:0"), (0, 1, "cuda:0"), (3, 0, "cuda:3"), (3, 2, None), (2, 2, None)],
+    ids=["all-gpus-visible", "one-gpu-per-rank", "rank-0", "no-gpu", "ambiguous", "rank-past-the-last-gpu"],
 )
 def test_plain_cuda_picks_the_ranks_gpu(
     monkeypatch: pytest.MonkeyPatch, local_rank: int, visible: int, expected: str | None
@@ -310,8 +319,8 @@ def test_plain_cuda_picks_the_ranks_gpu(
     import torch
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
-    if expected is None:  # 2 GPUs visible to local rank 3: which one is not ours to guess
-        with pytest.raises(ValueError, match="LOCAL_RANK is 3 but this process sees 2 GPUs"):
+    if expected is None:  # 2 GPUs visible to local rank 2 or 3 (no cuda:2): which one is not ours to guess
+        with pytest.raises(ValueError, match=f"LOCAL_RANK is {local_rank} but this process sees 2 GPUs"):
             local_cuda_device(local_rank)
     else:
         assert local_cuda_device(local_rank) == expected
@@ -396,6 +405,9 @@ def test_the_ranks_of_one_torchrun_agent_share_a_launch_key_and_no_other_job_doe
     assert len(set(first)) == 1 and len(set(second)) == 1, (first, second)
     assert first[0].strip() not in ("None", second[0].strip())
     assert len(first[0].strip()) == 32
+    # An agent whose program comes after interpreter options (``python -u -m torch.distributed.run``) is one too.
+    optioned = run_ranks(_PRINT_LAUNCH_KEY, 2, python_options=("-u", "-B"))
+    assert len(set(optioned)) == 1 and len(optioned[0].strip()) == 32, optioned
 
 
 def test_no_launch_key_under_a_wrapper_that_runs_on_nor_without_torchrun(monkeypatch) -> None:
@@ -404,6 +416,18 @@ def test_no_launch_key_under_a_wrapper_that_runs_on_nor_without_torchrun(monkeyp
     wrapped = run_ranks(_PRINT_LAUNCH_KEY, 2, wrapper=["sh", "-c", '"$0" "$@"; true'])
     assert [out.strip() for out in wrapped] == ["None", "None"]
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert launch_key() is None
+
+
+def test_no_launch_key_where_the_parent_died_while_it_was_read(monkeypatch) -> None:
+    """The parent's pid, read again after its start time, is another (this process was reparented: the launcher
+    died, and its pid may be reused): the start time read may be another process's, so no key."""
+    from lerobot_dali import distributed
+
+    parents = iter([4242, 1])
+    monkeypatch.setattr(distributed.os, "getppid", lambda: next(parents))
+    monkeypatch.setattr(distributed, "_launch_of", lambda parent: ["launcher", ""])
+    monkeypatch.setattr(distributed, "_start_time", lambda parent: "1234")
     assert launch_key() is None
 
 
@@ -460,6 +484,14 @@ def test_a_dvm_daemon_gives_each_launch_its_own_key_and_none_without_a_namespace
     first, second = _launched_keys(tmp_path, "prte", "prte-node1-4242@1", "prte-node1-4242@2")
     assert first[0] == first[1] and second[0] == second[1] and first[0] not in ("None", second[0])
     assert _launched_keys(tmp_path, "prted") == [["None", "None"]]
+
+
+def test_no_launch_key_under_a_parent_that_holds_the_ranks_run_id_itself(tmp_path: Path) -> None:
+    """A parent whose own environment holds the ranks' TORCHELASTIC_RUN_ID was started under the agent (a wrapper,
+    even one whose command line reads as an agent's), so it may run programs one after another: no key. An agent sets
+    the run id for its ranks alone."""
+    run = {"TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
+    assert _launched_keys(tmp_path, "torchrun", env=run) == [["None", "None"]]
 
 
 def test_the_ranks_deepspeed_starts_on_a_node_share_a_launch_key(tmp_path: Path) -> None:
