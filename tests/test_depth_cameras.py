@@ -150,6 +150,17 @@ def test_a_normalize_given_for_a_depth_camera_is_refused(depth_ds: Path, depth_i
     it.close()
 
 
+def test_return_uint8_with_a_normalize_is_refused_only_where_a_colour_camera_is_read(depth_ds: Path) -> None:
+    """A normalize leaves depth alone, so uint8 batches of depth cameras alone hold no normalised value."""
+    augment = AugmentConfig(normalize=Normalize(mean=[0.5] * 3, std=[0.2] * 3))
+    options = dict(batch_size=2, device="cpu", num_workers=0, return_uint8=True, augment=augment)
+    with pytest.raises(ValueError, match="return_uint8=True cannot be combined with AugmentConfig.normalize"):
+        DALILeRobotIterator(depth_ds, **options)
+    it = DALILeRobotIterator(depth_ds, cameras=[DEPTH], **options)
+    assert next(iter(it))[DEPTH].min() >= 200  # millimetres, not normalised
+    it.close()
+
+
 def test_depth_cameras_are_declared_as_lerobot_declares_them() -> None:
     raw = {"dtype": "video", "shape": [4, 4, 1], "info": {"video.codec": "hevc"}}
     assert Feature.from_json("d", raw).video.depth is None
