@@ -88,6 +88,22 @@ def test_windows_of_image_cameras_follow_lerobot(make_ds, version: str) -> None:
     assert seen == [(e, f) for e, n in enumerate(LENGTHS) for f in range(n)]
 
 
+def test_a_one_step_window_of_an_image_camera_keeps_its_window_axis(make_ds) -> None:
+    """An image camera's rows are tabular in LeRobot (stacked per delta, not squeezed): a window of the one step
+    ``[0.0]`` is (B, 1, C, H, W), like ``observation.state``'s, while a camera without deltas is (B, C, H, W)."""
+    it = DALILeRobotIterator(
+        _images_dataset(make_ds), batch_size=4, delta_timestamps={CAM0: [0.0]}, shuffle=False, device="cpu",
+        num_workers=0, drop_last=False, return_uint8=True,
+    )  # fmt: skip
+    batch = next(iter(it))
+    it.close()
+    assert batch[CAM0].shape == (4, 1, 3, *SIZE) and batch[CAM1].shape == (4, 3, *SIZE)
+    assert batch[f"{CAM0}_is_pad"].tolist() == [[False]] * 4
+    for i in range(4):
+        ep, f = int(batch["episode_index"][i]), int(batch["frame_index"][i])
+        np.testing.assert_array_equal(batch[CAM0][i, 0].permute(1, 2, 0).numpy(), _frame(ep, f, 0))
+
+
 def test_shuffled_workers_cover_every_frame_once_and_augment(make_ds) -> None:
     augment = AugmentConfig(color_jitter=ColorJitter(brightness=0.3))  # one draw stream per image camera
     it = DALILeRobotIterator(
