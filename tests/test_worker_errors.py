@@ -520,7 +520,8 @@ def test_a_container_sized_dev_shm_is_warned_of_at_construction(
     cameras) died there of SIGBUS on the first batch, with advice about the out-of-memory killer."""
     root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "shm_bytes", lambda: 64 << 20)
-    for workers, warned in ((1, True), (0, False)):  # (without workers nothing crosses /dev/shm)
+    # (without workers nothing crosses /dev/shm; that case first: it is said once, so after the warning none would be)
+    for workers, warned in ((0, False), (1, True)):
         caplog.clear()
         with caplog.at_level("WARNING", logger="lerobot_dali.iterator"):
             DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=workers).close()
