@@ -1284,6 +1284,35 @@ def test_unattributed_decode_failures_name_the_files(make_ds, copy_ds, monkeypat
     it.close()
 
 
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_a_pipeline_failure_is_located_among_every_batch_the_decoder_may_have_had(
+    make_ds, copy_ds, monkeypatch, prefetch: int
+) -> None:
+    """DALI's error of a batch ahead can surface at an earlier batch's fetch, so the clips rebuilt to find the bad
+    one are those of the ``prefetch`` batches in the pipeline, the failing one, and as many more: ``2 * prefetch + 2``
+    batches from the consumed position (only ``prefetch`` batches left a bad clip ahead unnamed)."""
+    from lerobot_dali.decode_errors import locate_clip_failure
+
+    root = copy_ds(_dataset(make_ds, "vp9"))
+    _damage(root, "corrupt_packets")
+    ranges = []
+
+    def spied(source, epoch, start, stop, **kwargs):
+        ranges.append((epoch, start, stop))
+        return locate_clip_failure(source, epoch, start, stop, **kwargs)
+
+    monkeypatch.setattr(iterator_module, "locate_clip_failure", spied)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0, prefetch=prefetch)
+    consumed = 0
+    with pytest.raises(VideoDecodeError, match="file-001"):
+        for batch in it:
+            consumed += len(batch["index"])
+    total = it._stream.num_samples()
+    it.close()
+    assert ranges == [(0, consumed, min(total, consumed + (2 * prefetch + 2) * 2))]
+    assert consumed + (2 * prefetch + 2) * 2 <= total  # (the range is not cut by the epoch's end)
+
+
 def test_a_decoder_failing_everything_blames_no_file(monkeypatch) -> None:
     """Bisecting a failed batch keeps the failing half; when the decoder itself fails (a CUDA out-of-memory), every
     half fails and the first clip was called corrupt. Clips of other files that decode alone clear it; otherwise
@@ -1513,6 +1542,53 @@ def test_load_state_dict_from_another_thread_during_the_pipeline_build_keeps_the
     rest = [int(i) for b in it for i in b["index"]]
     it.close()
     assert seen + rest == reference[6:]
+
+
+def test_the_next_epoch_reads_on_through_the_pipeline_the_last_one_ended(make_ds, monkeypatch) -> None:
+    """DALI resets itself at an epoch's end (auto_reset) and its source walks on into the next epoch, so the pipeline
+    serves the next pass: rebuilt instead, each epoch started its workers again (seconds each) and re-read the order
+    up to where it stood. Both epochs are read whole, each sample once, through one build."""
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    original, builds = iterator_module.build_pipeline, []
+
+    def counted_build(*args, **kwargs):
+        builds.append(it.epoch)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", counted_build)
+    epochs = [[int(i) for b in it for i in b["index"]] for _ in range(2)]
+    it.close()
+    assert builds == [0]
+    assert [sorted(e) for e in epochs] == [list(range(len(epochs[0])))] * 2
+    assert epochs[0] != epochs[1]  # (the second epoch is shuffled anew: not the first read again)
+
+
+def test_a_loop_left_at_the_epochs_last_partial_batch_reads_on_through_its_pipeline(make_ds, monkeypatch) -> None:
+    """A loop that breaks after the epoch's last batch (a partial one: 23 samples in batches of 2) leaves the pipeline
+    standing after that batch's 1 sample, not a whole batch's 2: counted as 2, it stood elsewhere than the stream, and
+    the next epoch built it again (workers started anew). The next pass ends the epoch, the one after reads the next
+    epoch whole, through the one build."""
+    root = _dataset(make_ds, "vp9")
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+    original, builds = iterator_module.build_pipeline, []
+
+    def counted_build(*args, **kwargs):
+        builds.append(it.epoch)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(iterator_module, "build_pipeline", counted_build)
+    first: list[int] = []
+    for batch in it:
+        first += [int(i) for i in batch["index"]]
+        if len(batch["index"]) == 1:
+            break
+    assert (len(first), it.state_dict()["samples_consumed"]) == (23, 23)
+    assert [b for b in it] == [] and it.epoch == 1
+    second = [int(i) for b in it for i in b["index"]]
+    it.close()
+    assert sorted(first) == sorted(second) == list(range(23))
+    assert builds == [0]
 
 
 def test_a_load_of_another_order_at_the_pipeline_position_rebuilds_it_before_the_load_closes_it(make_ds) -> None:
