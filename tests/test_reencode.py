@@ -629,7 +629,7 @@ def _with_hidden_last_frames(path: Path, hidden: int) -> None:
 
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_frames_an_edit_list_hides_are_left_out_of_the_copy(
-    long_gop_ds: Path, copy_ds, tmp_path: Path, where: str
+    long_gop_ds: Path, copy_ds, tmp_path: Path, caplog, capfd, where: str
 ) -> None:
     """A file whose edit list starts 2 frames in (FFmpeg's packet index holds 2 frames more than a decode shows) was
     refused: "the re-encode holds 18 frames, the source 20" (9 + 9 rows); one whose edit list ends 2 frames before
@@ -641,7 +641,10 @@ def test_frames_an_edit_list_hides_are_left_out_of_the_copy(
     {"first": _with_hidden_first_frames, "last": _with_hidden_last_frames}[where](root / relative, 2)
     assert build_packet_index(root / relative).frame_count == len(shown) + 2
     assert _instants(root / relative) == shown
-    out = reencode_dataset(root, tmp_path / "out", jobs=1).out
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.reencode"):  # (the worker logs at this level, to stderr)
+        out = reencode_dataset(root, tmp_path / "out", jobs=1).out
+    said = f"{root / relative}: 2 frame(s) its edit list hides are never shown and are left out of the copy"
+    assert said in capfd.readouterr().err
     assert _instants(out / relative) == shown
     source, copy = reference_frames(root / relative), reference_frames(out / relative)
     assert [read_full_marker(copy[pts]) for pts in sorted(copy)] == [
@@ -649,23 +652,25 @@ def test_frames_an_edit_list_hides_are_left_out_of_the_copy(
     ]
 
 
-def _as_full_range_h264(path: Path) -> None:
-    """Re-encode ``path`` in place as full-range H.264 (yuvj420p, as a webcam's MJPEG becomes), every frame at its
-    timestamp and time base."""
-    full = path.with_suffix(".full.mp4")
-    with av.open(str(path)) as source, av.open(str(full), "w", format="mp4") as target:
+def _as_h264(path: Path, pix_fmt: str) -> None:
+    """Re-encode ``path`` in place as H.264 in ``pix_fmt`` (yuvj420p: full range, as a webcam's MJPEG becomes), every
+    frame at its timestamp and time base."""
+    full_range = av.video.reformatter.ColorRange.JPEG if pix_fmt.startswith("yuvj") else None
+    encoded = path.with_suffix(".h264.mp4")
+    with av.open(str(path)) as source, av.open(str(encoded), "w", format="mp4") as target:
         stream = source.streams.video[0]
         out = target.add_stream("libx264", rate=stream.average_rate)
-        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, "yuvj420p"
+        out.width, out.height, out.pix_fmt = stream.codec_context.width, stream.codec_context.height, pix_fmt
         out.codec_context.time_base = out.time_base = stream.time_base
-        out.codec_context.color_range = av.video.reformatter.ColorRange.JPEG
+        if full_range is not None:
+            out.codec_context.color_range = full_range
         out.options = {"bf": "0", "crf": "10"}
         for frame in source.decode(stream):
-            full_frame = frame.reformat(format="yuvj420p", dst_color_range=av.video.reformatter.ColorRange.JPEG)
-            full_frame.pts, full_frame.time_base = frame.pts, frame.time_base
-            target.mux(out.encode(full_frame))
+            converted = frame.reformat(format=pix_fmt, dst_color_range=full_range)
+            converted.pts, converted.time_base = frame.pts, frame.time_base
+            target.mux(out.encode(converted))
         target.mux(out.encode(None))
-    full.replace(path)
+    encoded.replace(path)
 
 
 @pytest.mark.parametrize("codec", ["vp9", "av1"])
@@ -678,7 +683,7 @@ def test_a_full_range_video_reencodes_in_an_encoder_without_yuvj420p(
     camera = "observation.images.cam0"
     videos = sorted(k for k in _files(root) if k.startswith(f"videos/{camera}/"))
     for relative in videos:
-        _as_full_range_h264(root / relative)
+        _as_h264(root / relative, "yuvj420p")
         with av.open(str(root / relative)) as container:
             assert container.streams.video[0].codec_context.pix_fmt == "yuvj420p"
     info_path = root / "meta/info.json"
@@ -700,6 +705,69 @@ def test_a_full_range_video_reencodes_in_an_encoder_without_yuvj420p(
             assert np.abs(frame.astype(np.int16) - before[pts]).mean() < 6
     written = json.loads((tmp_path / "out/meta/info.json").read_text())["features"][camera]["info"]
     assert (written["video.codec"], written["video.pix_fmt"]) == (codec, "yuv420p")
+
+
+def test_info_json_says_the_new_codec_under_v2_0s_video_info_too() -> None:
+    """v2.0 keeps a video's encoding under ``video_info``, not ``info``: a copy's info.json kept the old codec there,
+    and a loader trusting it routed the camera as before."""
+    from lerobot_dali.reencode import _with_codec
+
+    old = {"video.codec": "av1", "video.pix_fmt": "yuv444p", "has_audio": True, "video.fps": 30}
+    features = {"cam": {"dtype": "video", "video_info": dict(old)}, "other": {"dtype": "video", "info": dict(old)}}
+    raw = {"codebase_version": "v2.0", "features": features}
+    new = _with_codec(raw, {"cam"}, "h264")
+    assert new["features"]["cam"]["video_info"] == {
+        "video.codec": "h264", "video.pix_fmt": "yuv420p", "has_audio": False, "video.fps": 30,
+    }  # fmt: skip
+    assert new["features"]["other"] == raw["features"]["other"] and raw["features"]["cam"]["video_info"] == old
+
+
+@pytest.mark.parametrize(("width", "height", "odd"), [(95, 64, True), (96, 63, True), (96, 64, False)])
+def test_an_encoder_refusal_names_an_odd_size_of_either_side(width: int, height: int, odd: bool) -> None:
+    from lerobot_dali.reencode import _encoder_refused
+
+    message = str(_encoder_refused("cam.mp4", "libx264", width, height, "yuv420p", RuntimeError("x")))
+    assert message.startswith(f"cam.mp4: the libx264 encoder refused its {width}x{height} yuv420p frames (x)")
+    assert ("H.264 and HEVC take no odd width or height" in message) is odd
+
+
+def test_a_444_video_is_reencoded_in_420_with_a_warning(long_gop_ds: Path, copy_ds, tmp_path: Path, capfd) -> None:
+    """A 4:4:4 source is re-encoded in 8-bit 4:2:0, which halves its colour resolution: each file says so, and
+    info.json's pix_fmt follows."""
+    root = copy_ds(long_gop_ds)
+    camera = "observation.images.cam0"
+    videos = sorted(k for k in _files(root) if k.startswith(f"videos/{camera}/"))
+    for relative in videos:
+        _as_h264(root / relative, "yuv444p")
+    info_path = root / "meta/info.json"
+    info = json.loads(info_path.read_text())
+    info["features"][camera]["info"].update({"video.codec": "h264", "video.pix_fmt": "yuv444p"})
+    info_path.write_text(json.dumps(info, indent=4))
+    report = reencode_dataset(root, tmp_path / "out", cameras=[camera], jobs=1)
+    err = capfd.readouterr().err
+    for relative in videos:
+        assert f"{root / relative}: yuv444p converted to yuv420p (8-bit 4:2:0) for the re-encode" in err
+        with av.open(str(tmp_path / "out" / relative)) as container:
+            assert container.streams.video[0].codec_context.pix_fmt == "yuv420p"
+        before, after = reference_frames(root / relative), reference_frames(tmp_path / "out" / relative)
+        assert [read_full_marker(after[pts]) for pts in sorted(after)] == [
+            read_full_marker(before[pts]) for pts in sorted(before)
+        ]
+    assert sorted(v.path for v in report.videos) == videos
+    written = json.loads((tmp_path / "out/meta/info.json").read_text())["features"][camera]["info"]
+    assert written["video.pix_fmt"] == "yuv420p"
+
+
+def test_the_copys_keyframes_are_its_gops_alone(make_ds, tmp_path: Path) -> None:
+    """A decoded keyframe keeps its picture type: handed to the encoder as it was, each of the source's keyframes (3
+    frames apart here) forced one more into the copy (0, 2, 3, 5, 6, ...: half again as many, a larger file)."""
+    root = make_ds(
+        episodes=2, frames_per_episode=[9, 8], cameras=1, size=(64, 96), fps=FPS, codec="av1", gop=3,
+        episodes_per_file=2,
+    )  # fmt: skip
+    [video] = reencode_dataset(root, tmp_path / "out", jobs=1).videos
+    assert _keyframe_gaps(root / video.path) == [3] * 5 + [2]
+    assert _keyframe_gaps(tmp_path / "out" / video.path) == [2] * 8 + [1]
 
 
 def _cropped_by_a_pixel(path: Path) -> None:
@@ -758,7 +826,9 @@ def test_a_dataset_over_http_reencodes_as_the_local_folder(long_gop_ds: Path, tm
 
 
 def test_videos_are_found_by_info_jsons_video_path(long_gop_ds: Path, copy_ds, tmp_path: Path) -> None:
-    """A template that puts the camera in the file name; an mp4 it does not name is copied as any other file."""
+    """A template that puts the camera in the file name; an mp4 it does not name, or names with a key that is no video
+    feature (a camera since removed), is copied as any other file, and is no video kept; a folder whose name starts
+    with "." (huggingface_hub's ``.cache``) is not part of the dataset and is not copied."""
     root = copy_ds(long_gop_ds)
     info = json.loads((root / "meta/info.json").read_text())
     template = "videos/chunk-{chunk_index:03d}/{video_key}-file-{file_index:03d}.mp4"
@@ -771,8 +841,15 @@ def test_videos_are_found_by_info_jsons_video_path(long_gop_ds: Path, copy_ds, t
     shutil.rmtree(root / "videos/observation.images.cam1")
     stray = root / "videos/chunk-000/preview.mp4"
     shutil.copyfile(long_gop_ds / BAD, stray)
+    removed = root / "videos/chunk-000/observation.images.old-file-000.mp4"
+    shutil.copyfile(long_gop_ds / BAD, removed)
+    (root / ".cache/huggingface").mkdir(parents=True)
+    (root / ".cache/huggingface/download.lock").write_text("")
     (root / "meta/info.json").write_text(json.dumps({**info, "video_path": template}, indent=4))
     report = reencode_dataset(root, tmp_path / "out", jobs=2)
+    assert (report.kept_videos, report.kept_cameras) == ((), ())
+    assert (tmp_path / "out" / removed.relative_to(root)).read_bytes() == removed.read_bytes()
+    assert not (tmp_path / "out/.cache").exists()
     assert sorted(v.path for v in report.videos) == [
         f"videos/chunk-000/observation.images.cam{c}-file-00{f}.mp4" for c in (0, 1) for f in (0, 1)
     ]
@@ -1003,6 +1080,7 @@ def test_each_videos_line_is_logged_on_its_own_line_not_after_the_bar(
         ([0, 1, 2, 3], range(0, 4), [1, 2, 3], False),  # the frame at 0 s lost by the encode
         ([-1, 0, 1, 2], range(1, 4), [0, 2], False),  # a shown frame lost in the middle
         ([0, 1, 2], range(0, 3), [0, 1, 2, 3], False),  # a frame more
+        ([0, 1, 2, 3], range(0, 4), [0, 1, 3, 4], False),  # as many frames, two moved in time
     ],
 )
 def test_only_frames_the_edit_list_hides_may_be_missing_from_a_copy(
