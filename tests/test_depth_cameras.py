@@ -293,8 +293,8 @@ def test_a_depth_image_camera_reads_its_stored_depth_in_the_asked_unit(depth_ima
 
 @pytest.mark.parametrize(
     "params",
-    [{}, {"depth_min": 0.1, "depth_max": 5.0, "shift": 1.0}, {"use_log": False}],
-    ids=["default", "log", "linear"],
+    [{}, {"depth_min": 0.1, "depth_max": 5.0, "shift": 1.0}, {"use_log": False}, {"depth_max": 100.0}],
+    ids=["default", "log", "linear", "past_uint16_mm"],  # (past 65.535 m, millimetres clamp to uint16's largest)
 )
 @pytest.mark.parametrize("unit", ["mm", "m"])
 def test_every_code_dequantises_to_lerobots_value_to_the_bit(params: dict, unit: str) -> None:
@@ -316,6 +316,25 @@ def test_every_code_dequantises_to_lerobots_value_to_the_bit(params: dict, unit:
     if unit == "mm":
         buf.mul_(1000.0).round_().clamp_(0.0, 65535)
     np.testing.assert_array_equal(q.dequantize(codes, DepthUnit(unit)), buf.numpy())
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"depth_min": 2.0, "depth_max": 2.0}, r"depth_max \(2\.0\) must exceed depth_min \(2\.0\)"),
+        ({"depth_min": 3.0, "depth_max": 2.0}, r"depth_max \(2\.0\) must exceed depth_min \(3\.0\)"),
+        ({"depth_min": 0.5, "shift": -0.5}, r"log quantisation needs depth_min \+ shift > 0, got 0\.5 \+ -0\.5"),
+    ],
+)
+def test_a_quantiser_that_maps_no_depth_range_is_refused(params: dict, message: str) -> None:
+    """Equal bounds dequantise every code to one depth, and a log quantiser with ``depth_min + shift <= 0`` takes
+    the log of zero or less (NaN depths): both are refused."""
+    with pytest.raises(ValueError, match=message):
+        DepthQuantizer(**params)
+    if "shift" in params:  # (a linear quantiser takes no log: the same shift is fine there)
+        assert DepthQuantizer(**params, use_log=False).dequantize(np.array([0, 4095]), DepthUnit.M).tolist() == [
+            0.5, 10.0,
+        ]  # fmt: skip
 
 
 def test_depth_images_decode_as_lerobot_reads_each_mode() -> None:
