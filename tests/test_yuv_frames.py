@@ -234,6 +234,52 @@ def test_stack_planes_refuses_mixed_frames() -> None:
         stack_planes([], label="cam.mp4")
 
 
+def _flat_420_frame(width: int, height: int, *, colorspace: int = 1, color_range: int = 1) -> av.VideoFrame:
+    frame = av.VideoFrame(width, height, "yuv420p")
+    for plane, value in zip(frame.planes, (120, 60, 200), strict=True):
+        plane.update(bytes([value]) * plane.buffer_size)
+    frame.colorspace, frame.color_range = colorspace, color_range
+    return frame
+
+
+@pytest.mark.parametrize(("width", "height"), [(15, 16), (16, 15)])
+def test_a_420_frame_of_an_odd_side_ships_as_rgb(width: int, height: int) -> None:
+    """Half-size chroma of an odd side holds a sample more than half the luma (8 rows for 15): shipped as planes,
+    the graph's nearest sampling of ``h // 2`` rows dropped the last and stretched the rest."""
+    frame = _flat_420_frame(width, height)
+    planes = frame_planes(frame)
+    rgb = yuv_frames.reformat_array(frame, format="rgb24", **yuv_frames.swscale_colors(frame))
+    np.testing.assert_array_equal(planes.matrix, IDENTITY)
+    assert planes.luma.tolist() == rgb[:, :, 0].tolist() and planes.chroma[1].tolist() == rgb[:, :, 2].tolist()
+
+
+@pytest.mark.parametrize(("color_range", "full"), [(1, False), (2, True)])
+def test_a_yuv420p_frame_tagged_full_range_takes_the_full_range_matrix(color_range: int, full: bool) -> None:
+    planes = frame_planes(_flat_420_frame(16, 16, color_range=color_range))
+    np.testing.assert_array_equal(planes.matrix, color_matrix(1, full))
+    assert planes.chroma[0].shape == (8, 8)
+
+
+@pytest.mark.parametrize(
+    ("pix_fmt", "color_range", "full"),
+    [("yuv420p", 1, False), ("yuv420p", 2, True), ("yuvj420p", 0, True), ("yuvj420p", 1, True)],
+)
+def test_a_streams_range_is_full_by_its_tag_or_its_jpeg_pixel_format(
+    pix_fmt: str, color_range: int, full: bool
+) -> None:
+    """yuvj420p is full range by definition, whatever range its stream is tagged with (often none: 0)."""
+    from types import SimpleNamespace
+
+    codec = SimpleNamespace(colorspace=1, color_range=color_range, pix_fmt=pix_fmt)
+    assert yuv_frames.codec_color(codec) == (1, full)
+
+
+def test_an_unknown_pixel_format_is_shipped_as_lerobots_420_planes() -> None:
+    """The /dev/shm estimate of a camera whose format is not known counts LeRobot's 8-bit 4:2:0 (half RGB's bytes)."""
+    shipped = {f: yuv_frames.ships_half_chroma(f) for f in (None, "yuv420p", "yuvj420p", "yuv444p", "yuv420p10le")}
+    assert shipped == {None: True, "yuv420p": True, "yuvj420p": True, "yuv444p": False, "yuv420p10le": False}
+
+
 # -- the decoder ---------------------------------------------------------------------------------------------
 
 
