@@ -158,6 +158,8 @@ def test_an_index_with_b_frames_holds_46_bytes_a_frame() -> None:
     np.testing.assert_array_equal(index.pts[index.display_order], np.sort(pts))
     huge = _long_index(pts[:5], pts[:5], size_bytes=2**31)
     assert huge.size_bytes.dtype == np.int64 and huge.size_bytes.tolist() == [2**31] * 5
+    largest = _long_index(pts[:5], pts[:5], size_bytes=2**31 - 1)  # (int32's largest value still fits)
+    assert largest.size_bytes.dtype == np.int32 and largest.size_bytes.tolist() == [2**31 - 1] * 5
 
 
 def _gop_index(pts: list[int], keyframes: list[int], hidden: list[int] = ()) -> packet_index.PacketIndex:
@@ -190,6 +192,12 @@ def test_display_order_keyframes_and_shown_frames_by_hand() -> None:
     late = _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[4, 8])
     assert late.keyframe_positions.tolist() == [0, 4, 8]
     assert late.keyframe_slots([3, 4]).tolist() == [0, 1] and late.start_keyframe([2]) == 0
+    # Display frames map to decode positions through display_order, not its inverse: here a 3-cycle across two GOPs
+    # (decode order pts 0 2 3 | 1 4 5) tells them apart. Display frame 1 is decode position 3 (the second keyframe),
+    # display frame 2 decode position 1 (the first GOP); display_rank would send them the other way.
+    crossed = _gop_index([0, 2, 3, 1, 4, 5], keyframes=[0, 3])
+    assert crossed.display_order.tolist() == [0, 3, 1, 2, 4, 5] and crossed.display_rank.tolist() == [0, 2, 3, 1, 4, 5]
+    assert [crossed.start_keyframe([frame]) for frame in range(6)] == [0, 3, 0, 0, 3, 3]
     # Decode position 5 (pts 4) shows before its GOP's keyframe (pts 5): a leading picture.
     assert _gop_index([0, 3, 1, 2, 5, 4, 7, 6, 8, 9], keyframes=[0, 4, 8]).has_leading_pictures is True
     # An edit list hiding the first and the last frame shown (decode positions 0 and 9: display 0 and 9).
@@ -590,6 +598,54 @@ def test_duplicate_pts_rejected(marker_video: MarkerVideo) -> None:
         replace(index, pts=pts)
 
 
+class _Packet(bytes):
+    """A demuxed packet as ``_rows_from_demux`` reads it: its payload, timestamps, byte position and flags."""
+
+    def __new__(cls, payload: bytes, pts: int | None, dts: int | None, pos: int | None, key: bool) -> _Packet:
+        packet = super().__new__(cls, payload)
+        packet.size, packet.pts, packet.dts, packet.pos = len(payload), pts, dts, pos
+        packet.is_keyframe, packet.is_discard = key, False
+        return packet
+
+
+class _Demuxed:
+    """A container whose demux yields ``packets`` (the stream argument ignored)."""
+
+    def __init__(self, packets: list[_Packet]) -> None:
+        self.packets = packets
+
+    def demux(self, stream: object) -> Iterator[_Packet]:
+        return iter(self.packets)
+
+
+def test_a_demuxed_packet_without_pts_takes_its_dts() -> None:
+    """A packet without a pts (a container that stores decode times only) is shown at its dts; an empty packet (a
+    decoder flush) is no frame; a packet without either timestamp is refused, named by its position. The first three
+    payloads are kept whole (to prove byte offsets exact), and each keyframe's first bytes."""
+    packets = [
+        _Packet(b"k" * 2000, None, 0, 48, True),
+        _Packet(b"", None, None, None, False),
+        _Packet(b"p", None, 512, None, False),
+        _Packet(b"q", 1024, None, 2049, False),
+        _Packet(b"K" * 9, 1536, 1536, 2050, True),
+    ]
+    samples: dict[int, bytes] = {}
+    heads: dict[int, bytes] = {}
+    rows, first_key = packet_index._rows_from_demux(_Demuxed(packets), None, samples, heads, label="v.avi")
+    assert rows == [
+        (0, 0, 48, 2000, True, False),
+        (512, 512, -1, 1, False, False),
+        (1024, 1024, 2049, 1, False, False),
+        (1536, 1536, 2050, 9, True, False),
+    ]
+    assert first_key == b"k" * 2000 and samples == {0: b"k" * 2000, 1: b"p", 2: b"q"}
+    assert heads == {0: b"k" * packet_index._DEMUXED_HEAD_BYTES, 3: b"K" * 9}
+    with pytest.raises(VideoDecodeError, match=r"v\.avi: packet 1 has no timestamp; remux the video into MP4"):
+        packet_index._rows_from_demux(
+            _Demuxed([packets[0], _Packet(b"x", None, None, 9, False)]), None, {}, {}, label="v.avi"
+        )
+
+
 @pytest.mark.parametrize("codec", ["av1", "h264", "hevc", "vp9"])
 @pytest.mark.parametrize("gop", [2, 30])
 @pytest.mark.parametrize("own_tables", [False, True], ids=["ffmpeg_index", "own_tables"])
@@ -691,7 +747,7 @@ def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_bef
     before it (packet 2, not packet 0 before it in decode order) ends with zeros too."""
     offsets, sizes = np.array([0, 300, 100]), np.array([100, 100, 200])
 
-    def check(data: bytes) -> None:
+    def check(data: bytes, offsets: np.ndarray = offsets, sizes: np.ndarray = sizes) -> None:
         packet_index._check_zero_filled(
             lambda at, n: data[at : at + n], offsets, sizes, "h264", len(data), label="v.mp4"
         )
@@ -702,6 +758,10 @@ def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_bef
     with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 300-400\) ends with zeros"):
         check(ends)
     check(b"\x01" * 284 + bytes(16) + b"\x01" * 84 + bytes(16))  # (packets 2 and 1 end with zeros: padding)
+    padded = b"\x01" * 84 + bytes(16)  # (a file of two packets, each ending with zeros: padding too)
+    check(padded * 2, offsets=np.array([0, 100]), sizes=np.array([100, 100]))
+    with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 100-200\) ends with zeros"):
+        check(b"\x01" * 100 + padded, offsets=np.array([0, 100]), sizes=np.array([100, 100]))
 
 
 def _pad_last_nal(sample: bytes, padding: int) -> bytes:
