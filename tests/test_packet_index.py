@@ -764,6 +764,19 @@ def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_bef
         check(b"\x01" * 100 + padded, offsets=np.array([0, 100]), sizes=np.array([100, 100]))
 
 
+def test_offsets_are_exact_only_where_every_packet_has_one() -> None:
+    """Byte offsets are exact where every packet has one (-1: the demuxer gave none) and the first packets' payloads
+    lie at theirs: made up, a file of a 3-byte header then packets "aa", "bbb" and "cc". A third packet without an
+    offset makes them inexact though the first two match; so does a payload not found at its offset ("cx")."""
+    data = io.BytesIO(b"hdr" + b"aa" + b"bbb" + b"cc")
+    samples = {0: b"aa", 1: b"bbb"}  # (pts, dts, offset, size, keyframe, hidden)
+    table = np.array([[0, 0, 3, 2, 1, 0], [1, 1, 5, 3, 0, 0], [2, 2, 8, 2, 0, 0]])
+    assert packet_index._offsets_are_exact(data, table, samples) is True
+    assert packet_index._offsets_are_exact(data, table, {**samples, 2: b"cx"}) is False
+    table[2, 2] = -1
+    assert packet_index._offsets_are_exact(data, table, samples) is False
+
+
 def _pad_last_nal(sample: bytes, padding: int) -> bytes:
     """An H.264 MP4 sample (4-byte NAL unit lengths) whose last NAL unit ends with ``padding`` zero bytes more."""
     at = 0
@@ -828,6 +841,20 @@ def test_a_matroska_file_cut_short_is_refused(
         with pytest.raises(VideoDecodeError, match=rf"cut\.{container_format}: its Matroska segment extends to byte "
                            rf"{len(raw)} but the file has {end} bytes; the file is truncated"):  # fmt: skip
             build_packet_index(cut)
+
+
+def test_a_matroska_segment_of_unknown_size_is_not_judged_by_it(marker_video: MarkerVideo, tmp_path: Path) -> None:
+    """A Segment whose size field has every value bit set is of unknown size (a live recording's): read as a number it
+    ends 2**56 bytes on, and every such file was called cut short. Here FFmpeg's 8-byte Segment size (0x01 then 7 bytes)
+    is made unknown: the file indexes as its demux does, its size unchecked."""
+    raw = remux(marker_video("vp9", 30), tmp_path / "whole.webm", "webm").read_bytes()
+    size_at = raw.index(b"\x18\x53\x80\x67") + 4  # (the Segment's ID, then its size)
+    assert raw[size_at] == 0x01 and packet_index._ebml_size(raw, size_at) == (len(raw) - size_at - 8, size_at + 8)
+    live = tmp_path / "live.webm"
+    live.write_bytes(raw[:size_at] + b"\x01" + b"\xff" * 7 + raw[size_at + 8 :])
+    assert packet_index._ebml_size(live.read_bytes(), size_at) == (None, size_at + 8)
+    index = build_packet_index(live)
+    assert index.frame_count == 90 and index.pts.tolist() == build_packet_index(tmp_path / "whole.webm").pts.tolist()
 
 
 @pytest.mark.parametrize("codec, container_format", [("vp9", "webm"), ("h264", "matroska")])
