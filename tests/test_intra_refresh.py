@@ -195,6 +195,19 @@ def test_a_large_unit_before_the_slice_costs_one_read_more() -> None:
     assert reads == [0, 4 + 701]
 
 
+def test_a_flagged_keyframe_that_cannot_be_judged_keeps_its_flag() -> None:
+    """The index drops a flagged keyframe that is judged no random-access point, and keeps one whose bytes say nothing
+    (no slice read: its offset not exact and no head kept). Made up: four 7-byte packets, flagged 0, 2 and 3; the demux
+    kept heads of 0 (an IDR) and 2 (a P slice), none of 3."""
+    idr, p_slice = _avcc(b"\x65\x88\x80"), _avcc(b"\x41\xc0\x00")
+    table = np.array([[k, k, 7 * k, 7, k != 1, 0] for k in range(4)])  # (pts, dts, offset, size, keyframe, hidden)
+    keyframe = table[:, 4].astype(bool)
+    kept = packet_index._random_access_keyframes(
+        keyframe, table, NalLayout("h264", 4), {0: idr, 2: p_slice}, None, label="v.mp4"
+    )
+    assert kept.tolist() == [True, False, False, True] and keyframe.tolist() == [True, False, True, True]
+
+
 def test_hevc_irap_and_stream_layouts() -> None:
     def verdict(unit_type: int) -> bool | None:
         data = _avcc(bytes([unit_type << 1, 1, 0xAF]))
