@@ -1544,12 +1544,11 @@ def test_load_state_dict_from_another_thread_during_the_pipeline_build_keeps_the
     assert seen + rest == reference[6:]
 
 
-def test_the_next_epoch_reads_on_through_the_pipeline_the_last_one_ended(make_ds, monkeypatch) -> None:
-    """DALI resets itself at an epoch's end (auto_reset) and its source walks on into the next epoch, so the pipeline
-    serves the next pass: rebuilt instead, each epoch started its workers again (seconds each) and re-read the order
-    up to where it stood. Both epochs are read whole, each sample once, through one build."""
-    root = _dataset(make_ds, "vp9")
-    it = DALILeRobotIterator(root, batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
+def _iterator_counting_builds(make_ds, monkeypatch) -> tuple[DALILeRobotIterator, list[int]]:
+    """A shuffled iterator over the tests' dataset (23 samples, batches of 2); the epochs it builds a pipeline at."""
+    it = DALILeRobotIterator(
+        _dataset(make_ds, "vp9"), batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False
+    )
     original, builds = iterator_module.build_pipeline, []
 
     def counted_build(*args, **kwargs):
@@ -1557,6 +1556,14 @@ def test_the_next_epoch_reads_on_through_the_pipeline_the_last_one_ended(make_ds
         return original(*args, **kwargs)
 
     monkeypatch.setattr(iterator_module, "build_pipeline", counted_build)
+    return it, builds
+
+
+def test_the_next_epoch_reads_on_through_the_pipeline_the_last_one_ended(make_ds, monkeypatch) -> None:
+    """DALI resets itself at an epoch's end (auto_reset) and its source walks on into the next epoch, so the pipeline
+    serves the next pass: rebuilt instead, each epoch started its workers again (seconds each) and re-read the order
+    up to where it stood. Both epochs are read whole, each sample once, through one build."""
+    it, builds = _iterator_counting_builds(make_ds, monkeypatch)
     epochs = [[int(i) for b in it for i in b["index"]] for _ in range(2)]
     it.close()
     assert builds == [0]
@@ -1569,22 +1576,14 @@ def test_a_loop_left_at_the_epochs_last_partial_batch_reads_on_through_its_pipel
     standing after that batch's 1 sample, not a whole batch's 2: counted as 2, it stood elsewhere than the stream, and
     the next epoch built it again (workers started anew). The next pass ends the epoch, the one after reads the next
     epoch whole, through the one build."""
-    root = _dataset(make_ds, "vp9")
-    it = DALILeRobotIterator(root, batch_size=2, shuffle=True, seed=4, device="cpu", num_workers=0, drop_last=False)
-    original, builds = iterator_module.build_pipeline, []
-
-    def counted_build(*args, **kwargs):
-        builds.append(it.epoch)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(iterator_module, "build_pipeline", counted_build)
+    it, builds = _iterator_counting_builds(make_ds, monkeypatch)
     first: list[int] = []
     for batch in it:
         first += [int(i) for i in batch["index"]]
         if len(batch["index"]) == 1:
             break
     assert (len(first), it.state_dict()["samples_consumed"]) == (23, 23)
-    assert [b for b in it] == [] and it.epoch == 1
+    assert list(it) == [] and it.epoch == 1
     second = [int(i) for b in it for i in b["index"]]
     it.close()
     assert sorted(first) == sorted(second) == list(range(23))
