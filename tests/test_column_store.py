@@ -873,3 +873,91 @@ def test_an_entry_names_no_credential_its_path_keeps_and_keys_a_file_by_its_othe
     local = "/data/ds/data/f.parquet"
     digest = hashlib.sha256(json.dumps([column_store_module.STORE_FORMAT, local, 100, "etag:1", ["x"]]).encode())
     assert store.path_for(local, stamp, ["x"]).name == f"{digest.hexdigest()}.arrow"
+
+
+def test_the_store_is_wanted_from_its_row_floor_and_ratio_on() -> None:
+    store = ColumnStore("unused", min_group_rows=1000, min_ratio=4)
+    assert [store.wants(1000, 250), store.wants(999, 1), store.wants(1000, 251), store.wants(4000, 0)] == [
+        True, False, False, True,
+    ]  # fmt: skip
+
+
+class _OneGroupFile:
+    """A parquet file of 5,000 rows (``n`` = row, ``v`` = 2 x row) in one row group, read through ``store.rows``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "data.parquet"
+        pq.write_table(pa.table({"n": range(5000), "v": range(0, 10000, 2)}), self.path, row_group_size=5000)
+        self.parquet = pq.ParquetFile(self.path)
+
+    def rows(self, store: ColumnStore, start: int, stored: tuple[str, ...] = ("n", "v")) -> pa.Table | None:
+        return store.rows(
+            self.parquet, threading.RLock(), path=str(self.path), stamp=stamp_from_stat(self.path.stat()),
+            stored_columns=list(stored), columns=list(stored), row_start=start, length=300,
+        )  # fmt: skip
+
+
+def _rewritten(stored: Path, table: pa.Table, key: bytes | None = None) -> None:
+    """Write ``table`` over the store file ``stored``, each batch with its checksum, under its key or ``key``."""
+    metadata = dict(pa.ipc.open_file(pa.BufferReader(stored.read_bytes())).schema.metadata)
+    if key is not None:
+        metadata[column_store_module._KEY_METADATA] = key
+    with pa.ipc.new_file(str(stored), table.schema.with_metadata(metadata)) as writer:
+        for batch in table.to_batches():
+            summed = column_store_module._batch_sum(column_store_module._as_written(batch))
+            writer.write_batch(batch, custom_metadata={column_store_module._SUM_METADATA: summed})
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda t, key: (t.slice(0, 4000), None), "with 4000 rows, not for"),  # (rows cut)
+        (lambda t, key: (t, key.replace(b'"n"', b'"m"')), "written for [2, "),  # (another entry's key, same rows)
+        (lambda t, key: (t.select(["n"]), None), "with 5000 rows, not for"),  # (a column left out)
+    ],
+    ids=["fewer_rows", "another_key", "a_column_missing"],
+)
+def test_a_store_file_that_is_not_the_entrys_whole_copy_is_refused(tmp_path, caplog, change, said) -> None:
+    """A file under an entry's name is served only if it holds the entry's key, every row of the data file and every
+    column asked for; each alone is not enough (each test here changes one of them, its checksums intact)."""
+    data = _OneGroupFile(tmp_path)
+    store = ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4)
+    assert data.rows(store, 0) is not None
+    [stored] = _stored_files(tmp_path / "store")
+    table = pa.ipc.open_file(pa.BufferReader(stored.read_bytes())).read_all()
+    _rewritten(stored, *change(table, table.schema.metadata[column_store_module._KEY_METADATA]))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        got = data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 4500)
+    assert got is not None and got["v"].to_pylist() == list(range(9000, 9600, 2))  # (converted again)
+    [warned] = [r.getMessage() for r in caplog.records if "deleting it" in r.getMessage()]
+    assert said in warned
+
+
+def test_damage_in_a_files_first_batch_is_found_and_named_by_its_rows(tmp_path, monkeypatch, caplog) -> None:
+    """Rows 100-399 lie in the first of five 1,000-row batches, which alone holds them: it is checked (the check's
+    range once stopped short of the last batch it covers) and named as rows 0-999."""
+    monkeypatch.setattr(column_store_module, "_CONVERT_BATCH_ROWS", 1000)
+    data = _OneGroupFile(tmp_path)
+    assert data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 0) is not None
+    [stored] = _stored_files(tmp_path / "store")
+    raw = stored.read_bytes()
+    at = raw.find(np.array([200, 202], np.int64).tobytes())  # (v of rows 100-101, in the first batch)
+    assert at > 0
+    with stored.open("r+b") as file:
+        file.seek(at)
+        file.write(np.int64(7).tobytes())
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
+        assert data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 100) is None
+    [warned] = [r.getMessage() for r in caplog.records]
+    assert "rows 0-999 of" in warned and "disagree with their checksum" in warned
+
+
+def test_the_least_recently_read_entry_is_unmapped_past_max_open(tmp_path) -> None:
+    data = _OneGroupFile(tmp_path)
+    store = ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4, max_open=2)
+    entries = [("n",), ("v",), ("n", "v")]  # (three column selections: three entries of one file)
+    stamp = stamp_from_stat(data.path.stat())
+    targets = [store.path_for(str(data.path), stamp, list(columns)) for columns in entries]
+    for columns in (entries[0], entries[1], entries[0], entries[2]):
+        assert data.rows(store, 0, columns) is not None
+    assert list(store._open) == [targets[0], targets[2]]  # (the second entry, read least recently, unmapped)
