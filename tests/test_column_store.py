@@ -3,6 +3,7 @@ the parquet, one conversion per file shared by processes, and every store failur
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -827,6 +828,25 @@ def test_what_converters_of_earlier_runs_killed_mid_write_left_is_deleted(tmp_pa
         _assert_same(_all_episodes(remote), _all_episodes(_reader(None)))
     assert not any(path.exists() for path in left["killed"])
     assert all(path.exists() for path in left["converting"])
+    assert len(_stored_files(tmp_path)) == 1
+
+
+def test_without_file_locks_what_earlier_converters_left_is_kept(tmp_path, monkeypatch) -> None:
+    """Where the filesystem takes no locks (NFS without its lock daemon), a converter at work cannot be told from a
+    killed one: what an earlier run's converter left is kept for the sweep, not deleted under one still writing."""
+    earlier = _unversioned_run(monkeypatch)
+    target = ColumnStore(tmp_path, **SMALL).path_for(earlier.data_path(0), _stamp(earlier), _columns(earlier))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.with_suffix(".lock").touch()
+    (target.parent / f".{target.stem}.k3y_1x9q.tmp").write_bytes(b"ARROW1" + bytes(4096))
+    left = sorted(target.parent.glob(f"*{target.stem}*"))
+    monkeypatch.setattr(
+        column_store_module, "try_flock_where_supported", lambda path: (contextlib.nullcontext(), False)
+    )
+    remote = _unversioned_run(monkeypatch)
+    remote.column_store = ColumnStore(tmp_path, **SMALL)
+    _assert_same(_all_episodes(remote), _all_episodes(_reader(None)))
+    assert len(left) == 2 and all(path.exists() for path in left)
     assert len(_stored_files(tmp_path)) == 1
 
 
