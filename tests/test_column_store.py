@@ -896,7 +896,7 @@ def test_an_entry_names_no_credential_its_path_keeps_and_keys_a_file_by_its_othe
 
 
 def test_the_store_is_wanted_from_its_row_floor_and_ratio_on() -> None:
-    store = ColumnStore("unused", min_group_rows=1000, min_ratio=4)
+    store = ColumnStore("unused", **SMALL)
     assert [store.wants(1000, 250), store.wants(999, 1), store.wants(1000, 251), store.wants(4000, 0)] == [
         True, False, False, True,
     ]  # fmt: skip
@@ -941,13 +941,13 @@ def test_a_store_file_that_is_not_the_entrys_whole_copy_is_refused(tmp_path, cap
     """A file under an entry's name is served only if it holds the entry's key, every row of the data file and every
     column asked for; each alone is not enough (each test here changes one of them, its checksums intact)."""
     data = _OneGroupFile(tmp_path)
-    store = ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4)
+    store = ColumnStore(tmp_path / "store", **SMALL)
     assert data.rows(store, 0) is not None
     [stored] = _stored_files(tmp_path / "store")
     table = pa.ipc.open_file(pa.BufferReader(stored.read_bytes())).read_all()
     _rewritten(stored, *change(table, table.schema.metadata[column_store_module._KEY_METADATA]))
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
-        got = data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 4500)
+        got = data.rows(ColumnStore(tmp_path / "store", **SMALL), 4500)
     assert got is not None and got["v"].to_pylist() == list(range(9000, 9600, 2))  # (converted again)
     [warned] = [r.getMessage() for r in caplog.records if "deleting it" in r.getMessage()]
     assert said in warned
@@ -958,7 +958,7 @@ def test_damage_in_a_files_first_batch_is_found_and_named_by_its_rows(tmp_path, 
     range once stopped short of the last batch it covers) and named as rows 0-999."""
     monkeypatch.setattr(column_store_module, "_CONVERT_BATCH_ROWS", 1000)
     data = _OneGroupFile(tmp_path)
-    assert data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 0) is not None
+    assert data.rows(ColumnStore(tmp_path / "store", **SMALL), 0) is not None
     [stored] = _stored_files(tmp_path / "store")
     raw = stored.read_bytes()
     at = raw.find(np.array([200, 202], np.int64).tobytes())  # (v of rows 100-101, in the first batch)
@@ -967,14 +967,14 @@ def test_damage_in_a_files_first_batch_is_found_and_named_by_its_rows(tmp_path, 
         file.seek(at)
         file.write(np.int64(7).tobytes())
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.column_store"):
-        assert data.rows(ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4), 100) is None
+        assert data.rows(ColumnStore(tmp_path / "store", **SMALL), 100) is None
     [warned] = [r.getMessage() for r in caplog.records]
     assert "rows 0-999 of" in warned and "disagree with their checksum" in warned
 
 
 def test_the_least_recently_read_entry_is_unmapped_past_max_open(tmp_path) -> None:
     data = _OneGroupFile(tmp_path)
-    store = ColumnStore(tmp_path / "store", min_group_rows=1000, min_ratio=4, max_open=2)
+    store = ColumnStore(tmp_path / "store", **SMALL, max_open=2)
     entries = [("n",), ("v",), ("n", "v")]  # (three column selections: three entries of one file)
     stamp = stamp_from_stat(data.path.stat())
     targets = [store.path_for(str(data.path), stamp, list(columns)) for columns in entries]
