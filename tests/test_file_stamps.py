@@ -55,9 +55,29 @@ def _hub_entry(**extra: Any) -> dict[str, Any]:
             {"name": "https://h/x", "size": 7, "Last-Modified": "Mon, 01 Jan 2024"},
             FileStamp(7, "mtime:Mon, 01 Jan 2024"),
         ),
+        (
+            {"name": "https://h/x", "size": 7, "ETag": "", "Last-Modified": "Mon, 01 Jan 2024"},
+            FileStamp(7, "mtime:Mon, 01 Jan 2024"),
+        ),
+        (
+            {"name": "hf://buckets/b/x", "size": 3, "last_commit": {"oid": "c1", "title": "add"}},
+            FileStamp(3, "commit:c1"),
+        ),
         ({"name": "m", "size": 0}, FileStamp(0, "")),
     ],
-    ids=["local", "hub_git", "hub_lfs", "hub_xet", "s3", "gcs", "http_etag", "http_modified", "unknown"],
+    ids=[
+        "local",
+        "hub_git",
+        "hub_lfs",
+        "hub_xet",
+        "s3",
+        "gcs",
+        "http_etag",
+        "http_modified",
+        "http_empty_etag",
+        "last_commit",
+        "unknown",
+    ],
 )
 def test_stamp_from_info_picks_content_identity(info: dict[str, Any], expected: FileStamp) -> None:
     assert stamp_from_info(info) == expected
@@ -73,6 +93,8 @@ def test_stamp_from_real_local_info(tmp_path: Path) -> None:
 def test_stamp_needs_a_size() -> None:
     with pytest.raises(ValueError, match=r"https://h/x\.mp4: the filesystem reports no size"):
         stamp_from_info({"name": "https://h/x.mp4", "size": None})
+    with pytest.raises(ValueError, match=r"https://h/y\.mp4: the filesystem reports no size \(True\)"):
+        stamp_from_info({"name": "https://h/y.mp4", "size": True})  # (a bool is an int to isinstance)
     with pytest.raises(ValueError, match="non-negative int"):
         FileStamp(-1, "")
 
@@ -101,6 +123,14 @@ def test_local_listing_stamps_every_file(tmp_path: Path) -> None:
         assert stamps[path] == stamp_from_info(fs.info(path))
     assert stamps[str(tmp_path / names[5])].size == 100 + 10 * 1 + 1
     assert stamps.info_calls == 0
+
+
+def test_a_listing_stamps_files_only(tmp_path: Path) -> None:
+    """A dangling symlink is listed (as type 'other', size 0) but is no file of the dataset: left to a lookup."""
+    names = _tree(tmp_path, cameras=1, files=1)
+    (tmp_path / "videos" / "gone.mp4").symlink_to(tmp_path / "nowhere.mp4")
+    stamps = FileStamps(LocalFileSystem(), [str(tmp_path / "videos")])
+    assert sorted(stamps) == sorted(str(tmp_path / name) for name in names)
 
 
 class ListingFakeRemote(FakeRemoteFileSystem):
@@ -180,6 +210,8 @@ class UnlistableRemote(FakeRemoteFileSystem):
             raise FileNotFoundError(path)
         if self.failure == "http_error":
             raise FakeHTTPError(403, "Forbidden")
+        if self.failure == "reset":
+            raise ConnectionResetError("reset")
         if self.failure == "empty":
             return {}
         # an HTML link page: names, no sizes (what HTTPFileSystem's ls returns)
@@ -231,6 +263,51 @@ def test_files_without_a_version_are_versioned_for_one_run(caplog) -> None:
     worker = pickle.loads(pickle.dumps(run))
     assert worker["/unversioned/b.bin"] == run["/unversioned/b.bin"]  # one run: one version in every process
     assert FileStamps(fs, ["/unversioned"])["/unversioned/a.bin"] != run["/unversioned/a.bin"]  # the next run
+
+
+def test_a_run_warns_once_of_its_unversioned_files(caplog) -> None:
+    """One line per run, naming the first such file, not one per file: a plain HTTP server's thousands of files."""
+    fs = fsspec.filesystem("memory")
+    for name in "abc":
+        fs.pipe(f"/unversioned-once/{name}.bin", b"x")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.file_stamps"):
+        stamps = FileStamps(fs, ["/unversioned-once"])
+    assert len(stamps) == 3
+    assert sum("no ETag, Last-Modified or content hash" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stamps_sharing_a_table_keep_the_first_stamps_and_one_run_version() -> None:
+    """A union's copy shares its dataset's table: what the dataset stamped first is what both serve (the version the
+    run began with, not the copy's later answer), and the copy's unversioned files take the dataset's run version."""
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/shared-table/a.bin", b"xx")
+    fs.pipe("/shared-table/b.bin", b"yyy")
+    dataset, copy = FileStamps(fs), FileStamps(fs)
+    first = dataset["/shared-table/a.bin"]
+    assert copy["/shared-table/a.bin"] != first  # (each its own run version)
+    copy.share(dataset)
+    assert copy["/shared-table/a.bin"] == first == dataset["/shared-table/a.bin"]
+    assert copy["/shared-table/b.bin"].version == first.version and "/shared-table/b.bin" in dataset
+
+
+def test_the_ranks_of_one_launch_share_the_nth_run_version_of_one_root(monkeypatch) -> None:
+    """Ranks one launcher started (one launch key) version their unversioned files alike, so the caches they write are
+    one; each FileStamps of the same roots after the first in a process is another, as in another run."""
+    from collections import Counter
+
+    from lerobot_dali import file_stamps
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/ranks/a.bin", b"xx")
+    monkeypatch.setattr(file_stamps, "launch_key", lambda: "launch-1")
+    monkeypatch.setattr(file_stamps, "_made", Counter())
+    rank0 = [FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)]
+    monkeypatch.setattr(file_stamps, "_made", Counter())  # (another rank's process)
+    rank1 = [FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)]
+    assert rank0 == rank1 and rank0[0] != rank0[1] and rank0[0].startswith("run:launch-1:")
+    monkeypatch.setattr(file_stamps, "launch_key", lambda: None)
+    alone = [FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)]
+    assert alone[0] != alone[1] and not set(alone) & set(rank0)
 
 
 def test_threads_looking_up_one_path_ask_once() -> None:
@@ -358,6 +435,47 @@ def test_a_walk_of_a_server_answering_every_folder_alike_warns_once_and_lists_th
     assert asked == ["/root/meta/episodes", "/root/meta/episodes/b", "/root/meta/episodes/a"] and not caplog.records
 
 
+def test_a_walk_takes_a_root_named_with_a_trailing_slash_and_skips_links_to_its_parent() -> None:
+    """'root/' is walked as 'root' (its sub-folders too; HTTP's names keep the slash), and a link 'root/sub/..'
+    (the parent, as a page may write it) is not walked."""
+    from fsspec import AbstractFileSystem
+
+    from lerobot_dali.file_stamps import find_files
+
+    asked: list[str] = []
+
+    class Index(AbstractFileSystem):
+        @classmethod
+        def _strip_protocol(cls, path: Any) -> Any:
+            return path  # (as HTTPFileSystem's: the URL as given)
+
+        def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[dict[str, Any]]:
+            asked.append(path)
+            here = path.rstrip("/")
+            sub = [{"name": f"{here}/sub", "type": "directory"}] if here == "/root" else []
+            return [*sub, {"name": f"{here}/..", "type": "directory"}, {"name": f"{here}/f", "type": "file", "size": 1}]
+
+    assert sorted(find_files(Index(), "/root/")) == ["/root/f", "/root/sub/f"]
+    assert asked == ["/root/", "/root/sub"]
+
+
+def test_a_failed_listing_warns_naming_the_error_and_an_absent_root_only_informs(caplog, tmp_path: Path) -> None:
+    """A listing that failed (a reset, a refusal) falls back to per-file requests with a warning naming why; a root
+    that does not exist says so at INFO (a lookup names a missing file)."""
+    _tree(tmp_path, cameras=1, files=1)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.file_stamps"):
+        FileStamps(UnlistableRemote(str(tmp_path), failure="reset"), ["videos"])
+        FileStamps(UnlistableRemote(str(tmp_path), failure="missing"), ["videos"])
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "listing videos failed (ConnectionResetError: reset); file stamps come from one info request per file",
+        ),
+        ("INFO", "videos: listing root does not exist; file stamps come from info requests"),
+    ]
+
+
 class _ChangingServer:
     """A filesystem whose files' info the test changes, as a server's answers change when its files are replaced."""
 
@@ -405,6 +523,36 @@ def test_changed_tells_a_same_size_rewrite_by_a_version_of_the_same_kind() -> No
     assert changed("e") is None
     del server.infos["m"]
     assert changed("m") == ("5 bytes", "removed") and changed("never-stamped") is None
+
+
+def test_a_size_not_given_again_leaves_the_version_to_tell_a_change() -> None:
+    """A server that gave a size when the file was stamped and gives none now (no Content-Length): its version
+    decides, as where the size is given."""
+    server = _ChangingServer({"e": {"size": 5, "ETag": '"1"'}})
+    stamps = FileStamps(server)
+    stamps["e"]
+    server.infos["e"] = {"size": None, "ETag": '"1"'}
+    assert stamps.change_now("e") is None
+    server.infos["e"]["ETag"] = '"2"'
+    assert stamps.change_now("e") == ("etag:1", "etag:2")
+
+
+def test_vouching_for_a_refused_read_takes_a_lost_version_for_a_change() -> None:
+    """Where a read was refused (412, 404), a stamp's ETag the server gives no more, or gives as another kind, cannot
+    vouch for the file: a change, named; not so outside vouching, nor for a file stamped with no version of its own
+    (a run's), which nothing vouched for."""
+    server = _ChangingServer({"e": {"size": 5, "ETag": '"1"'}, "f": {"size": 5, "ETag": '"1"'}, "n": {"size": 5}})
+    stamps = FileStamps(server)
+    for path in "efn":
+        stamps[path]
+    server.infos["e"] = {"size": 5, "Last-Modified": "Wed"}
+    server.infos["f"] = {"size": 5}
+    assert [stamps.change_now(p, vouching=True) for p in "efn"] == [
+        ("etag:1", "no etag but mtime:Wed"),
+        ("etag:1", "no version"),
+        None,
+    ]
+    assert [stamps.change_now(p) for p in "efn"] == [None, None, None]
 
 
 class _DownServer(_ChangingServer, fsspec.AbstractFileSystem):
