@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +67,9 @@ def test_a_sound_dataset_is_read_whole(make_ds) -> None:
     cpus = min(8, len(os.sched_getaffinity(0)))
     assert default_workers(open_dataset(root), decode=False) == 0
     assert default_workers(open_dataset(root), decode=True) == cpus
+    for episodes, workers in ((1999, 0), (2000, cpus)):  # (local, not decoded: from 2,000 episodes on)
+        many = SimpleNamespace(location=SimpleNamespace(is_local=True), num_episodes=episodes)
+        assert default_workers(many, decode=False) == workers  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timestamp_source must be one of 'parquet_timestamp', 'frame_index', got 'w"):
         check_dataset(open_dataset(root), timestamp_source="wall_clock")  # (as the iterator says it, not enum's)
     with pytest.raises(ValueError, match="workers must be >= 0, got -1"):  # (it ran in this process, unsaid)
@@ -176,6 +180,13 @@ def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds)
     report = check_dataset(open_dataset(root))
     assert _found(report) == expected
     assert (report.episodes, report.rows, report.video_files) == (5, 60, 5)  # (one of six files is missing)
+    assert report.problem_kinds == {
+        f"FrameTimestampError in {CAM0}": 1,
+        f"FrameTimestampError in {CAM1}": 1,
+        f"MissingDataFileError in {CAM1}": 2,
+        "EpisodeMetadataError in rows": 1,
+        f"SchemaMismatchError in {CAM0}": 1,
+    }
     messages = {(p.episode_index, p.camera): p.message for p in report.problems}
     assert "task_index [99]" in messages[4, None] and "file-002.parquet" in messages[4, None]
     assert "96x128" in messages[4, CAM0] and "64x96" in messages[4, CAM0]
@@ -278,6 +289,59 @@ def test_image_cameras_are_decoded_and_a_damaged_image_is_named(make_ds, copy_ds
     report = check_dataset(open_dataset(root), decode=True)
     assert _found(report) == {(1, CAM0, "DataFileError"), (2, CAM0, "DataFileError")}
     assert "(30, 40, 3)" in report.problems[1].message
+
+
+def _images_replaced(root: Path, episode: int, rows: range | None, data: bytes) -> None:
+    """Camera 0's images of ``episode`` (its ``rows``; None: all) replaced by ``data`` in the data files."""
+
+    def replace(table: pa.Table) -> pa.Table:
+        images = table[CAM0].to_pylist()
+        ours = np.flatnonzero(np.asarray(table["episode_index"]) == episode)
+        for row in ours if rows is None else ours[list(rows)]:
+            images[int(row)] = {**images[int(row)], "bytes": data}
+        return table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type))
+
+    _edit_rows(root, replace)
+
+
+def test_an_episode_whose_images_all_differ_from_the_cameras_first_is_named(make_ds, copy_ds) -> None:
+    """Each episode's images agree among themselves, but a batch is one tensor: episode 1's, all 40x30, against the
+    camera's first image's size."""
+    root = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True))
+    smaller = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(smaller, format="PNG")
+    _images_replaced(root, 1, None, smaller.getvalue())
+    report = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert _found(report) == {(1, CAM0, "DataFileError")}
+    assert "images are (30, 40, 3) (H, W, C) but the camera's first image is (96, 128, 3)" in report.problems[0].message
+
+
+def test_an_image_past_an_episodes_first_64_is_named_by_its_row(make_ds, copy_ds) -> None:
+    """Images are decoded 64 at a time: a damaged one in the second run is named by its row of the episode (66), not
+    by its place in the run (2)."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=70, cameras=1, fps=FPS, image_cameras=True))
+    _images_replaced(root, 1, range(66, 67), b"not a png")
+    report = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert _found(report) == {(1, CAM0, "DataFileError")}
+    assert "the image of the episode's row 66 cannot" in report.problems[0].message, report.problems[0].message
+
+
+def test_rows_sharing_a_frame_decode_it_once_and_rows_without_task_indices_check(make_ds, copy_ds) -> None:
+    """Frames decoded are the distinct ones the rows read (episode 0's rows 0 and 1 share timestamp 0: 11 of 12), and
+    so are those a check again skips; a dataset whose rows hold no task_index column (none to check against the task
+    list) checks as one that does."""
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=6, cameras=1, fps=FPS, codec="vp9", size=(64, 64)))
+    _edit_rows(root, lambda table: _set_where(table, "timestamp", 0, lambda ts: np.r_[ts[0], ts[0], ts[2:]]))
+    report = check_dataset(open_dataset(root), decode=True, workers=0)
+    assert report.ok and (report.rows, report.frames_decoded) == (12, 11)
+    again = check_dataset(open_dataset(root), decode=True, workers=0)  # (decoded before: the same 11 counted)
+    assert again.ok and (again.frames_decoded, again.frames_verified_before) == (0, 11)
+    _edit_rows(root, lambda table: table.drop(["task_index"]))
+    info = json.loads((root / "meta/info.json").read_text())
+    del info["features"]["task_index"]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    report = check_dataset(open_dataset(root), workers=0)
+    assert report.ok and (report.episodes, report.rows) == (2, 12)
 
 
 def test_real_datasets_by_each_timestamp_source() -> None:
