@@ -804,8 +804,8 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         with pytest.raises(DatasetNotFoundError, match=re.escape(f"{near!r} is {what}, not a dataset folder: pass "
                                                                  f"{str(root)!r}")):  # fmt: skip
             open_dataset(near)
-    with pytest.raises(DatasetNotFoundError, match=re.escape(f"it holds dataset folders: pass {str(root)!r}")):
-        open_dataset(tmp_path)  # (datasets two folders down, as LeRobot's HF_LEROBOT_HOME keeps <user>/<name>)
+    with pytest.raises(DatasetNotFoundError, match=re.escape(f"it holds dataset folders: pass {str(root)!r}") + "$"):
+        open_dataset(tmp_path)  # (datasets two folders down, as LeRobot's HF_LEROBOT_HOME keeps <user>/<name>; one)
     (root / "meta/info.json").unlink()  # a copy that lost it: its meta/ is there
     with pytest.raises(DatasetNotFoundError, match=r"info\.json is missing; the dataset's files are incomplete"):
         open_dataset(root)
@@ -817,6 +817,8 @@ def test_a_device_pipe_broken_link_or_empty_path_given_as_the_dataset_is_named_a
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "broken").symlink_to(tmp_path / "nowhere")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "file").write_text("not a dataset")
+    (tmp_path / "to-file").symlink_to(tmp_path / "file")
     cases = {
         "/dev/null": "'/dev/null' is a device, not a dataset folder",
         str(tmp_path / "fifo"): f"{str(tmp_path / 'fifo')!r} is a named pipe, not a dataset folder",
@@ -825,7 +827,9 @@ def test_a_device_pipe_broken_link_or_empty_path_given_as_the_dataset_is_named_a
         str(tmp_path / "broken" / "x"): f"{str(tmp_path / 'broken' / 'x')!r}: {str(tmp_path / 'broken')!r} is a "
         "symbolic link to",
         str(tmp_path / "loop"): f"{str(tmp_path / 'loop')!r} is a symbolic link that loops, not a dataset folder",
+        str(tmp_path / "to-file"): f"{str(tmp_path / 'to-file')!r} is a file, not a dataset folder",  # (a link, whole)
         "": "'' is an empty path: pass a dataset folder, Hub repo id or URL",
+        "  ": "'  ' is an empty path: pass",
     }
     for given, said in cases.items():
         with pytest.raises(DatasetNotFoundError, match="^dataset " + re.escape(said)):

@@ -1209,6 +1209,20 @@ def test_a_query_string_is_sent_with_every_request(root: Path, server, remote_pa
     assert "token" not in remote.location.description
 
 
+def test_an_http_root_keeps_blank_query_values_escapes_a_bare_percent_and_keeps_a_timeout_given() -> None:
+    """What a server is sent as typed: a blank query value (``token=``) is a value, a '%' starting no escape is the
+    folder name's own (sent as %25); the read timeouts apply unless the options set a timeout of their own."""
+    from lerobot_dali.dataset_location import HTTP_TIMEOUTS_S, resolve_location
+
+    location = resolve_location("http://127.0.0.1:9/100%/ds?token=&v=1")
+    assert location.root == "http://127.0.0.1:9/100%25/ds"
+    assert location.fs.fs.kwargs["params"] == [("token", ""), ("v", "1")]
+    assert location.fs.fs.client_kwargs["timeout"].sock_read == HTTP_TIMEOUTS_S["sock_read"]
+    own = aiohttp.ClientTimeout(total=5)
+    given = resolve_location("http://127.0.0.1:9/ds", storage_options={"client_kwargs": {"timeout": own}})
+    assert given.fs.fs.client_kwargs["timeout"] is own
+
+
 @pytest.mark.parametrize("remote_part", ["dataset", "data_files_root"])
 @pytest.mark.parametrize("spelled", ["s3cret", "s3cr%65t"])  # (the second percent-encoded: aiohttp decodes it)
 @pytest.mark.filterwarnings("error::DeprecationWarning")  # (aiohttp 3.14's, for its per-request auth: gone in v4)

@@ -342,6 +342,8 @@ def test_offline_a_short_commit_hash_names_the_full_one_the_cache_holds(cache, m
         f"resolves a short commit hash: pass the full one, revision={COMMIT!r}, whose snapshot the cache holds"
     )):  # fmt: skip
         open_dataset(REPO, revision=COMMIT[:7])
+    with pytest.raises(DatasetNotFoundError, match="holds no metadata of revision fee of it"):
+        open_dataset(REPO, revision="fee")  # (too short for a commit hash: a branch's or a tag's name, which it lacks)
 
 
 def test_offline_lerobots_copy_under_a_home_given_with_a_tilde_is_named(cache, make_ds, tmp_path, monkeypatch) -> None:

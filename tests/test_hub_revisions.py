@@ -87,6 +87,7 @@ def _hf_resolve(path: str) -> Any:
         ("hf://datasets/user/ds/", None, None, "", "hf://datasets/user/ds"),
         ("hf://datasets/user/ds/sub", None, None, "sub", None),
         ("user/ds", None, None, "", "hf://datasets/user/ds"),
+        ("hf://datasets/user/ds/sub/", None, None, "sub", "hf://datasets/user/ds/sub"),
     ],
 )
 def test_revision_is_parsed_as_hf_file_system_does_and_bulk_reads_are_pinned(
@@ -105,6 +106,11 @@ def test_revision_is_parsed_as_hf_file_system_does_and_bulk_reads_are_pinned(
     assert location.meta_path("meta/info.json").endswith(f"snapshots/{SNAPSHOT_SHA}/{prefix}meta/info.json")
     if description is not None:
         assert location.description == description
+
+
+def test_a_revision_given_beside_an_hf_url_without_one_is_read(hub) -> None:
+    location = resolve_location("hf://datasets/user/ds/sub", revision="v2")
+    assert [call["revision"] for call in hub] == ["v2"] and location.description == "hf://datasets/user/ds@v2/sub"
 
 
 @pytest.mark.parametrize("target", ["hf://datasets/user/ds@" + USER_SHA, "user/ds"])
@@ -154,6 +160,7 @@ def test_snapshot_not_named_by_a_commit_reads_at_the_encoded_revision(monkeypatc
     bulk = _hf_resolve(location.path(DATA_FILE))
     assert (bulk.revision, bulk.path_in_repo) == ("feature/x", DATA_FILE)
     assert "not named by a commit SHA" in caplog.text
+    assert location.hub_snapshot is None  # (no commit's folder: its files are not the pinned ones)
 
 
 def test_token_and_endpoint_reach_snapshot_download(hub) -> None:
@@ -289,6 +296,28 @@ def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
     assert (f"here {meant!r}" in message) if meant else message.endswith("where needed)"), message
 
 
+def test_a_hub_bucket_url_is_read_as_a_remote_folder(monkeypatch) -> None:
+    """``hf://buckets/...`` is a Hub storage bucket, not a dataset repo: read as a remote folder, not refused as an
+    ``hf://`` URL naming no dataset."""
+    from lerobot_dali.file_stamps import client_of
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (nothing reaches the network)
+    location = resolve_location("hf://buckets/user/b/ds")
+    assert isinstance(client_of(location.fs), HfFileSystem) and location.root == "buckets/user/b/ds"
+    assert (location.description, location.hub_snapshot, location.is_local) == ("hf://buckets/user/b/ds", None, False)
+
+
+def test_a_path_spelled_as_a_repo_id_that_is_a_local_file_is_named_so_not_asked_of_the_hub(
+    monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "ds").write_text("not a dataset")
+    with pytest.raises(DatasetNotFoundError, match=r"^dataset 'user/ds' is a file, not a dataset folder: pass the"):
+        resolve_location("user/ds")
+
+
 @pytest.mark.parametrize(
     ("page", "meant"),
     [
@@ -299,6 +328,7 @@ def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
         ("https://huggingface.co/datasets/user/ds/tree/feature%2Fx/sub/meta/episodes",
          "'hf://datasets/user/ds@feature%2Fx/sub' (its files at revision 'feature/x')"),
         ("https://huggingface.co/datasets/user/ds/blob/main/sub/meta/info.json", "'hf://datasets/user/ds/sub'"),
+        ("https://huggingface.co/datasets/user/ds/blob/main/sub/README.md", "'hf://datasets/user/ds/sub' (its files)"),
         ("https://huggingface.co/datasets/user/ds/viewer/default/train", "'user/ds' (or"),
         ("https://huggingface.co/datasets/user/ds?row=3", "'user/ds' (or"),
         ("https://hf.co/datasets/user/ds", "'user/ds' (or"),
@@ -399,7 +429,7 @@ def _opened_or_raised(server: Any, opens: bool, raises: type[Exception] = Remote
     return caught.value
 
 
-@pytest.mark.parametrize("fault", ["403", "404", "503"])
+@pytest.mark.parametrize("fault", ["403", "404", "410", "503"])
 def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_path: Path, monkeypatch, fault) -> None:
     """huggingface_hub's own snapshot_download against a server answering as the Hub, its metadata file refused (403),
     answered 404 though the Hub's listing holds it, or failing past huggingface_hub's retries (503): a 403 and a 503
@@ -419,11 +449,12 @@ def test_a_metadata_file_the_hub_refuses_or_fails_is_a_remote_file_error(tmp_pat
             f"hf://datasets/user/ds/meta/: downloading it was refused (not retried): {REFUSED_HINT} (HfHubHTTPError: "
             "403 Forbidden"
         ), message
-    elif fault == "404":
+    elif fault in ("404", "410"):
+        reason = "Not Found" if fault == "404" else "Gone"
         assert message.startswith(
-            "hf://datasets/user/ds/meta/: the Hub lists a file there that it has not (HTTP 404; not retried): check "
-            "the revision (branch, tag or commit), and upload the dataset's meta/ files again (HfHubHTTPError: Client "
-            "error '404 Not Found'"
+            f"hf://datasets/user/ds/meta/: the Hub lists a file there that it has not (HTTP {fault}; not retried): "
+            "check the revision (branch, tag or commit), and upload the dataset's meta/ files again (HfHubHTTPError: "
+            f"Client error '{fault} {reason}'"
         ), message
     else:
         said = "HfHubHTTPError: Server error '503"
@@ -701,6 +732,26 @@ def test_a_metadata_files_get_answered_5xx_is_retried_by_the_loaders_policy(
             ), error
             assert error.status == status
     assert (transport.gets, len(waits)) == ((2, 1) if times == 1 else (3, 2))
+
+
+def test_a_metadata_files_get_answered_408_every_time_is_not_retried_again_past_huggingface_hubs_retries(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """huggingface_hub retries a GET answered 408 itself: given up on there, the loader's retries are not stacked on
+    its (each of the loader's tries would be all of huggingface_hub's again)."""
+    import huggingface_hub.file_download as file_download
+
+    from tests.test_http_remote import _SleepsRecorded
+
+    monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
+    monkeypatch.setattr(file_download, "time", _SleepsRecorded([]))
+    waits: list[float] = []
+    transport = _FailingGets(408, 100)
+    with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server, _hub_transport(transport):
+        error = _opened_or_raised(server, opens=False)
+    assert isinstance(error, RemoteFileError) and error.status == 408, error
+    assert str(error).startswith("hf://datasets/user/ds/meta/: downloading it failed, the last try with "), error
+    assert waits == [] and 1 < transport.gets < 100
 
 
 def test_a_hub_that_drops_every_connection_in_its_tls_handshake_is_a_remote_file_error_after_the_retries(

@@ -364,6 +364,17 @@ def test_credentials_in_a_urls_query_are_sent_but_saved_in_no_state(make_ds, cap
     assert not [secret for secret in ("s3cret", "AKIA", "t0ken") if secret in said]
 
 
+def test_a_file_url_and_a_relative_folder_are_read_as_local_folders(tmp_path: Path, monkeypatch) -> None:
+    """A ``file://`` URL is a local folder (no retries: the workers and caches take it as local), and a relative path
+    is kept absolute: a process started in another folder reads the same files."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds").mkdir()
+    by_url = resolve_location(f"file://{tmp_path}/ds")
+    assert by_url.is_local and type(by_url.fs) is LocalFileSystem and by_url.root == f"{tmp_path}/ds"
+    relative = resolve_location("ds")
+    assert relative.root == relative.meta_root == relative.description == str(tmp_path / "ds")
+
+
 def test_split_roots_with_a_local_mirror_and_bad_root(make_ds, tmp_path: Path) -> None:
     root = _ds(make_ds)
     location = with_bulk_root(resolve_location(tmp_path), root)
