@@ -852,13 +852,24 @@ def test_remote_frames_resized_in_the_worker_equal_local(make_ds, tmp_path: Path
             assert torch.equal(a[camera], b[camera]), camera
 
 
-def _pool_prefetcher(make_ds, cache_dir: Path | None, *, rank: int = 0):
-    """A prefetcher over the AV1 test dataset served by the fake remote (pool of 2, lookahead 3), and its order."""
+def _pool_prefetcher(
+    make_ds, cache_dir: Path | None, *, rank: int = 0, lookahead: int = 3, local_too: bool = False, **options
+):
+    """A prefetcher over the AV1 test dataset served by the fake remote (``local_too``: in a union before the same
+    dataset read from disk; pool of 2 and lookahead 3 unless told; ``options`` for its order's
+    :class:`OrderOptions`), and its order."""
+    from lerobot_dali import concat_datasets
     from lerobot_dali.prefetch import prefetching_reader
 
-    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
-    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1, episode_pool_size=2))
-    _, prefetcher = prefetching_reader(reader, order, rank=rank, lookahead=3, cache_dir=cache_dir, cache_bytes=10**8)
+    local = _dataset(make_ds, "av1")
+    reader = open_dataset("fakeremote://", storage_options={"root": str(local)})
+    if local_too:
+        reader = concat_datasets([reader, local])
+    options = OrderOptions(**{"seed": 1, "episode_pool_size": 2, **options})
+    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=options)
+    _, prefetcher = prefetching_reader(
+        reader, order, rank=rank, lookahead=lookahead, cache_dir=cache_dir, cache_bytes=10**8
+    )
     assert prefetcher is not None
     return prefetcher, order
 
@@ -893,6 +904,52 @@ def test_prefetcher_holds_the_pool_window_and_releases_episodes_that_left(make_d
             episodes, _ = order.samples(0, position, min(total, position + 3))
             assert set(episodes.tolist()) <= wanted
         assert prefetcher.stats.fetched_ranges > 0
+    finally:
+        prefetcher.close()
+
+
+@pytest.mark.parametrize(
+    ("lookahead", "options", "position", "expected"),
+    [
+        # In order (episodes of 5, 1, 7, 4, 6 frames), one episode pooled: positions 4-6 are episodes 0, 1, 2.
+        (3, {"shuffle": False, "episode_pool_size": 1}, 4, [0, 1, 2]),
+        (0, {"shuffle": False, "episode_pool_size": 1}, 4, [0]),  # (a lookahead of 0 is taken as 1)
+        (3, {"shuffle": False, "episode_pool_size": 1}, 21, [4, 0]),  # 21, 22, then the next epoch's first
+        # Shuffled (seed 1, pool of 2): epoch 0's last position is episode 1; epoch 1 starts with episodes 4 and 2
+        # pooled, where epoch 0 started with 4 and 3.
+        (3, {}, 22, [1, 4, 2]),
+        # A union of the remote dataset and the local one (episodes 5-9, copied into no cache): positions 22-24 are
+        # episodes 4, 5 and 5.
+        (3, {"shuffle": False, "episode_pool_size": 1, "local_too": True}, 22, [4]),
+    ],
+)
+def test_the_episodes_needed_are_those_of_the_lookahead_spilling_into_the_next_epoch(
+    make_ds, tmp_path: Path, lookahead: int, options: dict, position: int, expected: list[int]
+) -> None:
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path, lookahead=lookahead, **options)
+    try:
+        assert prefetcher.needed(0, position).tolist() == expected
+    finally:
+        prefetcher.close()
+
+
+def test_a_fill_admits_only_the_episodes_it_does_not_hold_and_releases_only_those_that_left(
+    make_ds, tmp_path: Path, monkeypatch
+) -> None:
+    from lerobot_dali.prefetch import Prefetcher
+
+    admit, released, admitted = Prefetcher._admit, [], []
+    monkeypatch.setattr(Prefetcher, "_admit", lambda self, e: admitted.append(e) or admit(self, e))
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)  # (shuffled: episodes 4 and 3 for 0-6, then 2 and 1 for 20-22)
+    monkeypatch.setattr(
+        prefetcher.cache, "release", lambda e, release=prefetcher.cache.release: released.append(e) or release(e)
+    )
+    try:
+        prefetcher.warm(0, 0, progress=False)
+        prefetcher.warm(0, 4, progress=False)
+        assert admitted == [4, 3] and released == []
+        prefetcher.warm(0, 20, progress=False)
+        assert admitted == [4, 3, 2, 1] and sorted(released) == [3, 4]
     finally:
         prefetcher.close()
 
