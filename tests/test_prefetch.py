@@ -1007,7 +1007,9 @@ def test_a_failed_fill_waits_for_its_other_admissions(make_ds, tmp_path: Path, m
 def test_a_failed_fill_is_one_warning_that_says_why_and_what_follows(make_ds, tmp_path: Path, monkeypatch,
                                                                      caplog) -> None:  # fmt: skip
     """It was 'prefetch for epoch 0 position 0 failed' and a traceback, on every failed fill (each batch while
-    a server is down): the cause sat at the traceback's end and nothing said that training goes on."""
+    a server is down): the cause sat at the traceback's end and nothing said that training goes on. Said again at
+    the 10th failure (the 100th, ...), with the count; the error named is the first admission's (episode 4, of 4 and
+    3), whichever failed last."""
     import logging
 
     from lerobot_dali.prefetch import Prefetcher
@@ -1015,22 +1017,23 @@ def test_a_failed_fill_is_one_warning_that_says_why_and_what_follows(make_ds, tm
     prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
 
     def admit(self, episode_pos: int) -> None:
-        raise OSError(errno.ECONNRESET, "outage")
+        raise OSError(errno.ECONNRESET, f"outage of episode {episode_pos}")
 
     monkeypatch.setattr(Prefetcher, "_admit", admit)
     try:
         with caplog.at_level(logging.DEBUG, logger="lerobot_dali.prefetch"):
-            for _ in range(3):
+            for _ in range(10):
                 prefetcher.warm(0, 0, progress=False)
     finally:
         prefetcher.close()
-    assert prefetcher.failures == 3
+    assert prefetcher.failures == 10
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].exc_info is None, caplog.text
+    assert len(warnings) == 2 and warnings[0].exc_info is None, caplog.text
     said = warnings[0].getMessage()
     assert said.startswith("fakeremote://: prefetching epoch 0 from position 0 failed (ConnectionResetError: "), said
-    assert "outage" in said and "fetch remotely instead" in said and "cache_gb=0" in said, said
-    assert [r.exc_info is not None for r in caplog.records if r.levelno == logging.DEBUG] == [True] * 3
+    assert "outage of episode 4)" in said and "fetch remotely instead" in said and "cache_gb=0" in said, said
+    assert "so far" not in said and "outage of episode 4), 10 failures so far;" in warnings[1].getMessage()
+    assert [r.exc_info is not None for r in caplog.records if r.levelno == logging.DEBUG] == [True] * 10
 
 
 def test_close_returns_once_the_admissions_read_their_metadata(make_ds, tmp_path: Path, monkeypatch) -> None:
