@@ -874,6 +874,16 @@ def _pool_prefetcher(
     return prefetcher, order
 
 
+def test_only_a_remote_dataset_given_bytes_for_it_wants_a_prefetch_cache() -> None:
+    from types import SimpleNamespace
+
+    from lerobot_dali.prefetch import wants_prefetch_cache
+
+    remote, local = (SimpleNamespace(location=SimpleNamespace(is_local=is_local)) for is_local in (False, True))
+    asked = [(remote, 1), (remote, 0), (local, 1)]
+    assert [wants_prefetch_cache(reader, cache_bytes) for reader, cache_bytes in asked] == [True, False, False]
+
+
 def test_a_prefetch_cache_without_cache_dir_is_one_folder_per_dataset_under_the_cache_root(make_ds) -> None:
     """``cache_dir=None``: each rank's slot is ``<cache root>/prefetch/<16 hex of the description>/rank-N``, and the
     ranges it fetched are the bytes on disk there."""

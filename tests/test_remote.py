@@ -91,6 +91,9 @@ class PoolTimeout(TimeoutException):
         (FakeHTTPError(503, "unavailable"), True),
         (FakeHTTPError(429, "slow down"), True),
         (FakeHTTPError(408, "request timeout"), True),
+        (FakeHTTPError(425, "too early"), True),
+        (FakeHTTPError(599, "unknown"), True),  # (the last 5xx)
+        (OSError(errno.EAGAIN, "try again"), True),
         (FakeHTTPError(500, "internal"), True),
         (FakeHTTPError(404, "not found"), False),
         (FakeHTTPError(403, "forbidden"), False),
