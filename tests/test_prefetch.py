@@ -326,6 +326,27 @@ def test_an_unwritable_cache_folder_reads_remotely(make_ds, tmp_path: Path, monk
     assert [int(s["index"]) for s in got] == list(range(sum(LENGTHS)))
 
 
+def test_a_cache_folder_on_a_read_only_disk_falls_back_to_the_users_own(tmp_path: Path, monkeypatch) -> None:
+    import lerobot_dali.prefetch
+    from lerobot_dali.prefetch import _open_cache
+
+    shared, private = tmp_path / "shared", tmp_path / "private"
+    open_free_slot = RangeCache.open_free_slot
+
+    def read_only_shared(directory: Path, **kwargs):
+        if shared in directory.parents:
+            raise OSError(errno.EROFS, "Read-only file system", str(directory))
+        return open_free_slot(directory, **kwargs)
+
+    monkeypatch.setattr(RangeCache, "open_free_slot", read_only_shared)
+    monkeypatch.setattr(lerobot_dali.prefetch, "private_cache_roots", lambda: [private])
+    cache = _open_cache(shared / "ds", "ds", rank=1, cache_bytes=10**6)
+    try:
+        assert cache.directory == private / "prefetch" / "ds" / "rank-1"
+    finally:
+        cache.close()
+
+
 @pytest.mark.parametrize("code", [errno.ENOLCK, errno.ENOSYS], ids=["nfs-without-lock-daemon", "lustre-noflock"])
 def test_a_cache_folder_without_locks_says_to_move_it(make_ds, tmp_path: Path, monkeypatch, caplog, code) -> None:
     """A cache folder on NFS without its lock daemon (ENOLCK) or on Lustre without ``-o flock`` (ENOSYS), as a
