@@ -80,6 +80,13 @@ class PoolTimeout(TimeoutException):
     pass
 
 
+def _given_up_on(cause: BaseException) -> RemoteFileError:
+    """The error of retries given up on ``cause`` (raised from it)."""
+    error = RemoteFileError("x.mp4: read failed 6 time(s)", 503)
+    error.__cause__ = cause
+    return error
+
+
 @pytest.mark.parametrize(
     ("error", "transient"),
     [
@@ -107,6 +114,9 @@ class PoolTimeout(TimeoutException):
         (FileNotFoundError("gone"), False),
         (PermissionError("denied"), False),
         (ValueError("bad value"), False),
+        (ValueError("timeout must be positive"), False),  # (a bad argument that names a timeout)
+        (_given_up_on(FakeHTTPError(503, "unavailable")), True),  # (an inner retry loop's, of an outage)
+        (_given_up_on(FakeHTTPError(403, "forbidden")), False),
         (DatasetError("bad dataset"), False),
         (OSError(errno.ENOSPC, "no space"), False),
         # HF_HUB_OFFLINE set (a ConnectionError): each read was retried 5 times, ~13 s, and failed alike
