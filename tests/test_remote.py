@@ -28,7 +28,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
-from lerobot_dali.remote_errors import is_transient
+from lerobot_dali.remote_errors import is_transient, unmasked_error
 from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
 from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
@@ -489,6 +489,25 @@ def test_file_not_found_raised_from_a_transient_error_is_transient(
         raise FileNotFoundError("http://host/x.mp4") from cause
     except FileNotFoundError as e:
         assert is_transient(e) is transient
+
+
+@pytest.mark.parametrize(
+    ("cause", "unmasked"),
+    [
+        (FakeHTTPError(404, "not found"), False),
+        (FakeHTTPError(410, "gone"), False),
+        (RuntimeError("something else"), False),  # (no status, not transient: no answer to unmask)
+        (FakeHTTPError(503, "unavailable"), True),
+        (FakeHTTPError(403, "forbidden"), True),
+        (TimeoutError("timed out"), True),
+    ],
+)
+def test_fsspecs_file_not_found_is_unmasked_only_where_no_missing_file_was_answered(
+    cause: BaseException, unmasked: bool
+) -> None:
+    masked = FileNotFoundError("http://host/x.mp4")
+    masked.__cause__ = cause
+    assert unmasked_error(masked) is (cause if unmasked else masked)
 
 
 class _SwallowingFake(FakeRemoteFileSystem):
