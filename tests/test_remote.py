@@ -28,7 +28,7 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
-from lerobot_dali.remote_errors import is_transient, unmasked_error
+from lerobot_dali.remote_errors import is_refused, is_transient, refused_error, unmasked_error
 from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
 from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
@@ -508,6 +508,14 @@ def test_fsspecs_file_not_found_is_unmasked_only_where_no_missing_file_was_answe
     masked = FileNotFoundError("http://host/x.mp4")
     masked.__cause__ = cause
     assert unmasked_error(masked) is (cause if unmasked else masked)
+
+
+def test_a_401_or_403_is_a_refusal_and_one_without_a_status_is_named_403() -> None:
+    assert [is_refused(FakeHTTPError(status, "no")) for status in (401, 403, 404)] == [True, True, False]
+    assert [refused_error(error, "read", "x.mp4").status for error in (_HubError(401), PermissionError("no"))] == [
+        401,
+        403,
+    ]
 
 
 class _SwallowingFake(FakeRemoteFileSystem):
