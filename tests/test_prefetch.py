@@ -1067,6 +1067,68 @@ def test_a_failed_fill_is_one_warning_that_says_why_and_what_follows(make_ds, tm
     assert [r.exc_info is not None for r in caplog.records if r.levelno == logging.DEBUG] == [True] * 10
 
 
+def test_a_new_order_is_followed_at_the_next_fill_of_the_same_position(make_ds, tmp_path: Path) -> None:
+    """A resume rebuilds the order and the consumer stands where it stood: the fill for that position must hold the
+    new order's episodes, not skip it as done."""
+    prefetcher, order = _pool_prefetcher(make_ds, tmp_path)
+    reshuffled = SampleOrder(
+        prefetcher.reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=7, episode_pool_size=2)
+    )
+    position = order.num_samples(0) // 2
+    wanted = set(reshuffled.pool_window(0, position, position + 3).tolist())
+    assert wanted != set(order.pool_window(0, position, position + 3).tolist())
+    try:
+        prefetcher.warm(0, position, progress=False)
+        prefetcher.set_order(reshuffled)
+        prefetcher.advance(0, position)
+        deadline = time.monotonic() + 10
+        while set(prefetcher.cache.owners()) != wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert set(prefetcher.cache.owners()) == wanted
+    finally:
+        prefetcher.close()
+
+
+def test_a_fill_stopped_by_close_is_no_failure(make_ds, tmp_path: Path, monkeypatch, caplog) -> None:
+    """close() during a background fill stops it: no failed prefetch to count, nor to warn of as the run ends."""
+    from lerobot_dali.prefetch import Prefetcher
+
+    prefetcher, _ = _pool_prefetcher(make_ds, tmp_path)
+    started, release = threading.Event(), threading.Event()
+
+    def admit(self, episode_pos: int) -> None:
+        started.set()
+        release.wait(10)
+
+    monkeypatch.setattr(Prefetcher, "_admit", admit)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.prefetch"):
+        prefetcher.advance(0, 0)
+        assert started.wait(10)
+        prefetcher.close()
+        release.set()
+        prefetcher._thread.join(10)
+    assert not prefetcher._thread.is_alive() and prefetcher.failures == 0 and not caplog.records, caplog.text
+
+
+def test_a_cache_dir_whose_slots_are_all_busy_says_to_run_fewer_there(
+    make_ds, tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """Every slot busy (too many runs on one cache_dir): the workers read remotely, and the warning says to run fewer
+    there, not to make the folder writable."""
+    from lerobot_dali.prefetch import prefetching_reader
+
+    def busy(directory: Path, **kwargs):  # type: ignore[no-untyped-def]
+        raise CacheBusyError("every slot busy")
+
+    monkeypatch.setattr(RangeCache, "open_free_slot", staticmethod(busy))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "av1"))})
+    order = SampleOrder(reader.episodes.length, rank=0, world_size=1, options=OrderOptions(seed=1))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.prefetch"):
+        _, prefetcher = prefetching_reader(reader, order, rank=0, lookahead=3, cache_dir=tmp_path, cache_bytes=10**8)
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert prefetcher is None and "Give it fewer runs on this cache_dir at once" in warning, warning
+
+
 def test_close_returns_once_the_admissions_read_their_metadata(make_ds, tmp_path: Path, monkeypatch) -> None:
     """close() left an admission inside pyarrow's read of a remote footer (which calls the file's Python read): at exit
     the interpreter stopped that daemon thread there, and the process aborted (Fatal Python error:
