@@ -78,7 +78,7 @@ def _hf_resolve(path: str) -> Any:
     [
         ("user/ds", "feature/x", "feature/x", "", "hf://datasets/user/ds@feature%2Fx"),
         ("hf://datasets/user/ds@refs/pr/3", None, "refs/pr/3", "", "hf://datasets/user/ds@refs%2Fpr%2F3"),
-        ("hf://datasets/user/ds@refs/pr/3/sub/set", None, "refs/pr/3", "sub/set", None),
+        ("hf://datasets/user/ds@refs/pr/13/sub/set", None, "refs/pr/13", "sub/set", None),  # (a PR past 9)
         ("hf://datasets/user/ds@refs/convert/parquet", None, "refs/convert/parquet", "", None),
         ("hf://datasets/user/ds@feature%2Fx", None, "feature/x", "", "hf://datasets/user/ds@feature%2Fx"),
         ("hf://datasets/user/ds@feature%2Fx/sub", None, "feature/x", "sub", None),
