@@ -162,8 +162,8 @@ def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds)
     root = copy_ds(make_ds(**SPEC))
     # Episode 1's rows half a frame late: its frames in both cameras are off by more than the tolerance.
     _edit_rows(root, lambda t: _set_where(t, "timestamp", 1, lambda v: v + 0.5 / FPS))
-    # Episode 4's rows name a task the task list lacks; its frames are still looked up.
-    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: v * 0 + 99))
+    # Episode 4's first row names a task the task list lacks; its frames are still looked up.
+    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: np.where(np.arange(len(v)) == 0, 99, v)))
     # Camera 1's second file (episodes 2 and 3) is missing.
     (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
     # Camera 0's third file (episode 4) is another size than the camera's first.
