@@ -194,6 +194,9 @@ def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds)
     # Two worker processes share the episodes and find the same.
     parallel = check_dataset(open_dataset(root), workers=2)
     assert parallel.problems == report.problems
+    # Past max_problems only counted: episode 1's two problems, of one task, both counted though one is kept.
+    one = check_dataset(open_dataset(root), max_problems=1)
+    assert (one.problems, one.problem_kinds) == (report.problems[:1], report.problem_kinds)
     assert (parallel.episodes, parallel.rows, parallel.video_files) == (5, 60, 5)
 
 
