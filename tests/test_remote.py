@@ -247,6 +247,30 @@ def test_a_file_that_shrank_after_opening_says_it_changed(blob, retries: int) ->
                 f.read(2000)
 
 
+def test_bounds_that_cross_or_a_negative_seek_are_refused_before_any_request_and_an_empty_range_is_empty(blob) -> None:
+    """``[-5, 100)`` of a 300,000-byte file crosses once the file's size is known (asked once: a Range sent as such is
+    ignored and answered whole); ``[5, 5)`` holds no byte; a seek before the file's start names the file."""
+    root, data = blob
+    fake = FakeRemoteFileSystem(str(root))
+    fs = RetryingFileSystem(fake, policy=FAST)
+    with pytest.raises(ValueError, match=r"bytes \[299995, 100\) of blob\.bin asked: a range cannot start past"):
+        fs.cat_file("blob.bin", start=-5, end=100)
+    assert fs.cat_file("blob.bin", start=5, end=5) == b"" and fs.cat_file("blob.bin", -5, None) == data[-5:]
+    with fs.open("blob.bin", "rb") as f, pytest.raises(ValueError, match=r"negative seek position -1 in blob\.bin"):
+        f.seek(-1)
+
+
+def test_a_first_retry_is_said_at_info_and_later_ones_at_warning(blob, caplog) -> None:
+    """One blip is routine (INFO); a second retry of the same request is trouble worth seeing (WARNING)."""
+    root, _ = blob
+    fs = RetryingFileSystem(FakeRemoteFileSystem(str(root), fault_every=1, faults=("503",)), policy=RetryPolicy(
+        retries=2, base_delay_s=0.0, max_delay_s=0.0))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.remote_retry"), pytest.raises(RemoteFileError):
+        fs.cat_file("blob.bin")
+    retries = [(r.levelname, r.getMessage().split("; ")[-1]) for r in caplog.records if "; retry " in r.getMessage()]
+    assert retries == [("INFO", "retry 1/2 in 0.00s"), ("WARNING", "retry 2/2 in 0.00s")], caplog.text
+
+
 @pytest.mark.parametrize("call", ["info", "open", "cat_file"])
 def test_non_transient_errors_are_never_retried(blob, call: str) -> None:
     root, _ = blob
