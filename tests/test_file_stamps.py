@@ -243,6 +243,21 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
     assert stamps.info_calls == 1
 
 
+def test_a_file_not_found_from_an_outage_is_no_missing_file() -> None:
+    """fsspec's HTTP ``info`` raises FileNotFoundError from whatever its GET hit: from a 503 it is an outage, raised
+    as such for the retries, not named a missing file."""
+    outage = FileNotFoundError("http://h/x.mp4")
+    outage.__cause__ = FakeHTTPError(503, "Service Unavailable")
+
+    class Down(_ChangingServer):
+        def info(self, path: str) -> dict[str, Any]:
+            raise outage
+
+    with pytest.raises(FileNotFoundError) as raised:
+        FileStamps(Down({}))["http://h/x.mp4"]
+    assert raised.value is outage
+
+
 def test_files_without_a_version_are_versioned_for_one_run(caplog) -> None:
     """A server without ETag, Last-Modified or hash left stamps of size alone, so a same-size rewrite between
     runs was served from the caches on disk: such files get a version of this run (one warning), shared by
