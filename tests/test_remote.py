@@ -496,42 +496,27 @@ fsspec.register_implementation("fakeremotelog", _LoggedFakeRemote, clobber=True)
 
 
 @pytest.mark.parametrize(
-    ("cause", "transient"),
+    ("cause", "transient", "unmasked"),
     [
-        (FakeHTTPError(503, "unavailable"), True),
-        (TimeoutError("timed out"), True),
-        (FakeHTTPError(404, "not found"), False),
-        (FileNotFoundError("really gone"), False),
-        (None, False),
+        (FakeHTTPError(503, "unavailable"), True, True),
+        (TimeoutError("timed out"), True, True),
+        (FakeHTTPError(403, "forbidden"), False, True),  # (a refusal: no missing file, not retried)
+        (FakeHTTPError(404, "not found"), False, False),
+        (FakeHTTPError(410, "gone"), False, False),
+        (FileNotFoundError("really gone"), False, False),
+        (RuntimeError("something else"), False, False),  # (no status, not transient: no answer to unmask)
+        (None, False, False),
     ],
 )
-def test_file_not_found_raised_from_a_transient_error_is_transient(
-    cause: BaseException | None, transient: bool
+def test_fsspecs_file_not_found_is_transient_or_unmasked_by_what_it_was_raised_from(
+    cause: BaseException | None, transient: bool, unmasked: bool
 ) -> None:
     # fsspec's HTTP info: ``raise FileNotFoundError(url) from exc`` for whatever its fallback GET hit
     try:
         raise FileNotFoundError("http://host/x.mp4") from cause
     except FileNotFoundError as e:
         assert is_transient(e) is transient
-
-
-@pytest.mark.parametrize(
-    ("cause", "unmasked"),
-    [
-        (FakeHTTPError(404, "not found"), False),
-        (FakeHTTPError(410, "gone"), False),
-        (RuntimeError("something else"), False),  # (no status, not transient: no answer to unmask)
-        (FakeHTTPError(503, "unavailable"), True),
-        (FakeHTTPError(403, "forbidden"), True),
-        (TimeoutError("timed out"), True),
-    ],
-)
-def test_fsspecs_file_not_found_is_unmasked_only_where_no_missing_file_was_answered(
-    cause: BaseException, unmasked: bool
-) -> None:
-    masked = FileNotFoundError("http://host/x.mp4")
-    masked.__cause__ = cause
-    assert unmasked_error(masked) is (cause if unmasked else masked)
+        assert unmasked_error(e) is (cause if unmasked else e)
 
 
 def test_a_401_or_403_is_a_refusal_and_one_without_a_status_is_named_403() -> None:
