@@ -357,10 +357,11 @@ def test_depth_images_decode_as_lerobot_reads_each_mode() -> None:
     np.testing.assert_array_equal(read["I;16"], values.astype(np.float32))
     np.testing.assert_array_equal(read["F"], values.astype(np.float32) / 7)
     np.testing.assert_array_equal(read["L"], (values // 256).astype(np.float32) / np.float32(255))
-    rgb = io.BytesIO()
-    Image.new("RGB", (4, 3)).save(rgb, format="PNG")
-    with pytest.raises(DatasetError, match=r"cam: depth image 0 of the window has Pillow mode 'RGB', not one channel"):
-        decode_depth_images([rgb.getvalue()], label="cam")
+    for mode in ("RGB", "LA"):  # (several channels, a grey one among them or not)
+        buffer = io.BytesIO()
+        Image.new(mode, (4, 3)).save(buffer, format="PNG")
+        with pytest.raises(DatasetError, match=rf"cam: depth image 0 of the window has Pillow mode '{mode}', not one "):
+            decode_depth_images([buffer.getvalue()], label="cam")
 
 
 def test_info_marks_a_depth_image_camera(depth_image_ds: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -130,11 +130,16 @@ def _rewrite_image(root: Path, row: int, value: dict | None, file: str = "file-0
     return path
 
 
-def _png_with_a_short_idat() -> bytes:
-    """A PNG whose IDAT chunk says half its length: the next chunk header is read from inside the image data."""
+def _noise_png() -> bytes:
+    """A PNG of 64 x 96 RGB noise (its image data in one IDAT chunk)."""
     out = BytesIO()
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 96, 3), dtype=np.uint8)).save(out, format="PNG")
-    raw = bytearray(out.getvalue())
+    return out.getvalue()
+
+
+def _png_with_a_short_idat() -> bytes:
+    """A PNG whose IDAT chunk says half its length: the next chunk header is read from inside the image data."""
+    raw = bytearray(_noise_png())
     at = raw.index(b"IDAT") - 4
     raw[at : at + 4] = (int.from_bytes(raw[at : at + 4], "big") // 2).to_bytes(4, "big")
     return bytes(raw)
@@ -164,6 +169,22 @@ def test_bad_images_name_the_file_episode_and_row(make_ds, copy_ds, value: dict 
         it = DALILeRobotIterator(root, batch_size=5, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0])
         next(iter(it))
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda png: png[: len(png) // 2], "image file is truncated"),  # (an OSError, as its pixels are read)
+        (lambda png: png[:11] + b"\0" + png[12:], "Truncated IHDR chunk"),  # (a ValueError: a header of length 0)
+    ],
+    ids=["cut-short", "empty-header"],
+)
+def test_an_image_pillow_fails_on_in_another_way_is_named_by_its_row(damage, why: str) -> None:
+    """Pillow fails on a damaged image with one of several errors: a PNG cut short, or whose header chunk says it is
+    empty, is named by its row and said to be corrupt as the others are, not left to come through as Pillow's own."""
+    pattern = rf"^cam: the image of the episode's row 7 cannot be decoded \({why}\); the data file is corrupt: "
+    with pytest.raises(DataFileError, match=pattern):
+        decode_images([damage(_noise_png())], label="cam", rows=[7])
 
 
 def test_a_missing_image_is_named_by_its_row_in_the_file() -> None:
@@ -230,13 +251,14 @@ def test_an_undecodable_image_is_named_by_its_file_episode_and_row(make_ds, copy
         r"leave out its episode \(episodes=\[\.\.\.\] of the others\) or the camera \(cameras=\[\.\.\.\] .*\); "
         r"`lerobot-dali check --decode` lists every such image"
     )
-    it = DALILeRobotIterator(
-        root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0], drop_last=False,
-        delta_timestamps={CAM0: [-0.1, 0.0]},
-    )  # fmt: skip
-    with pytest.raises(DataFileError, match=pattern):
-        list(it)
-    it.close()
+    for episodes in (None, [1, 2]):  # (selected: episode 2 is the reader's second, still named episode 2)
+        it = DALILeRobotIterator(
+            root, batch_size=4, shuffle=False, device="cpu", num_workers=0, cameras=[CAM0], drop_last=False,
+            delta_timestamps={CAM0: [-0.1, 0.0]}, episodes=episodes,
+        )  # fmt: skip
+        with pytest.raises(DataFileError, match=pattern):
+            list(it)
+        it.close()
     problems = check_dataset(open_dataset(root, cameras=[CAM0]), workers=0, decode=True).problems
     assert [p.episode_index for p in problems] == [2] and re.search(pattern, problems[0].message), problems
     first = _rewrite_image(root, 0, {"bytes": b"junk", "path": None})
@@ -315,17 +337,19 @@ _PIXELS = {
     "LA": np.array([[[10, 255], [20, 128], [30, 0]], [[40, 1], [50, 2], [60, 3]]], np.uint8),
     "P": np.array([[0, 1, 2], [2, 1, 0]], np.uint8),  # palette numbers of red, green, blue
     "I;16": np.array([[0, 1000, 40000], [65535, 2, 3]], np.uint16),
+    "F": np.array([[0.5, 1000.25, -3.0], [1e6, 2.0, 3.0]], np.float32),
 }
 
 
 def _encoded(mode: str, fmt: str = "PNG") -> bytes:
-    """A real ``fmt`` file of ``_PIXELS[mode]`` (CMYK: a JPEG of its own four bands), as a writer would store it."""
-    image = Image.fromarray(_PIXELS["RGBA" if mode == "CMYK" else mode], mode="RGBA" if mode == "CMYK" else None)
-    if mode == "P":
-        image = Image.fromarray(_PIXELS["P"], mode="P")
+    """A real ``fmt`` file of ``_PIXELS[mode]`` (CMYK: a JPEG of RGBA's four bands; PA: LA's two bands, with P's
+    palette), as a writer would store it."""
+    bands_of = {"CMYK": "RGBA", "PA": "LA"}.get(mode)
+    image = Image.fromarray(_PIXELS[bands_of or mode], mode="P" if mode == "P" else None)
+    if bands_of is not None:
+        image = Image.frombytes(mode, image.size, image.tobytes())
+    if mode in ("P", "PA"):
         image.putpalette([255, 0, 0, 0, 255, 0, 0, 0, 255])
-    elif mode == "CMYK":
-        image = Image.frombytes("CMYK", image.size, image.tobytes())
     out = BytesIO()
     image.save(out, format=fmt)
     assert Image.open(BytesIO(out.getvalue())).mode == mode
@@ -355,6 +379,7 @@ def test_grey_and_rgb_images_decode_to_lerobots_values(mode: str, expected: np.n
         ("RGBA", "PNG", "4 channel(s) R/G/B/A (as stored)"),
         ("LA", "PNG", "2 channel(s) L/A (as stored)"),
         ("P", "PNG", "1 channel(s) P (palette numbers, not colours)"),
+        ("PA", "TIFF", "2 channel(s) P/A (palette numbers, not colours)"),
         ("CMYK", "JPEG", "4 channel(s) C/M/Y/K (as stored)"),
     ],
 )
@@ -368,6 +393,19 @@ def test_images_of_other_modes_are_refused_naming_the_mode_and_the_fix(mode: str
         "camera's images as RGB or L"
     )
     assert "cameras=[...]" in message
+
+
+@pytest.mark.parametrize(("mode", "fmt"), [("I;16", "PNG"), ("F", "TIFF")])
+def test_images_of_more_than_8_bits_are_refused_as_depth_maps_not_flagged(mode: str, fmt: str) -> None:
+    """A 16-bit or a float image (a depth map not flagged is_depth_map) would lose its precision as uint8: refused
+    naming its mode and the flag, not told to re-encode as RGB."""
+    with pytest.raises(DataFileError) as raised:
+        decode_images([_encoded(mode, fmt)], label="cam", rows=[3])
+    assert str(raised.value).startswith(
+        f"cam: the image of the episode's row 3 has more than 8 bits per sample (Pillow mode '{mode}', e.g. a depth "
+        "map not flagged is_depth_map in info.json), which would lose its precision as a colour camera; flag it "
+        "is_depth_map or leave the camera out with cameras=[...]"
+    )
 
 
 def test_one_bit_and_palette_depth_images_read_as_lerobot() -> None:
@@ -468,7 +506,7 @@ def test_an_rgba_image_camera_fails_at_construction(make_ds, copy_ds) -> None:
         DALILeRobotIterator(root, device="cpu", num_workers=0)
 
 
-def test_episode_image_cache_is_bounded_by_bytes() -> None:
+def test_episode_image_cache_is_bounded_by_bytes(caplog: pytest.LogCaptureFixture) -> None:
     reads: list[tuple[int, str]] = []
 
     def read(pos: int, camera: str) -> pa.Array:
@@ -487,6 +525,13 @@ def test_episode_image_cache_is_bounded_by_bytes() -> None:
     assert cache.nbytes <= 500
     cache.get(9, "cam")
     assert reads[-2:] == [(9, "cam"), (9, "cam")]
+    exact = EpisodeImageCache(read, max_bytes=104)  # episode 0's 104 bytes: the bound reached, not passed, is kept
+    exact.get(0, "cam")
+    exact.get(0, "cam")
+    assert reads[-2:] == [(9, "cam"), (0, "cam")] and exact.nbytes == 104
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.image_frames"):  # (entries in use not told: no
+        EpisodeImageCache(read, max_bytes=0).get(0, "cam")  # pool to say that the bound cannot hold)
+    assert caplog.records == []
 
 
 def test_a_workers_image_cache_takes_its_budget_and_says_when_the_pool_does_not_fit(
