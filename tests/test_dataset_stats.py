@@ -40,23 +40,30 @@ def test_cr5_v21_aggregate_equals_what_lerobot_converted_into_v30_stats_json() -
     assert float(v21["observation.images.top"]["count"][0]) == 1200  # LeRobot samples 100 frames per episode
 
 
-def test_statistics_by_name_follow_info_json_names_in_the_older_motors_form(tmp_path: Path) -> None:
+@pytest.mark.parametrize("form", ["motors", "two_lists", "nested"])
+def test_statistics_by_name_follow_info_json_names_in_the_older_motors_form(tmp_path: Path, form: str) -> None:
     """LeRobot before v2.0 wrote ``names`` as ``{"motors": [...]}``: its one list gives the vector order, as a flat
     list does. r1's info.json with observation.state's names reversed in that form, and statistics by name that
-    differ per joint (r1's own are one value for every joint, so no order shows in them), read in that order."""
+    differ per joint (r1's own are one value for every joint, so no order shows in them), read in that order.
+    Names of another form (two lists, or a list not of names) give no order: every component, in the stored order."""
     from lerobot_dali.dataset_reader import read_info
 
     (tmp_path / "meta").mkdir()
     info = json.loads((shared_dataset("r1_v30_h264") / "meta/info.json").read_text())
     names = info["features"]["observation.state"]["names"]
-    info["features"]["observation.state"]["names"] = {"motors": names[::-1]}
+    info["features"]["observation.state"]["names"] = {
+        "motors": {"motors": names[::-1]},
+        "two_lists": {"arm": names[:0:-1], "base": names[:1]},
+        "nested": [names[::-1]],
+    }[form]
     (tmp_path / "meta/info.json").write_text(json.dumps(info))
     by_name = {stat: {n: float(i) + offset for i, n in enumerate(names)} for stat, offset in [("mean", 0), ("max", 9)]}
     (tmp_path / "meta/stats.json").write_text(json.dumps({"observation.state": by_name}))
     location = resolve_location(str(tmp_path))
     stats = read_dataset_stats(location, read_info(location))
-    assert stats["observation.state"]["mean"].tolist() == [float(i) for i in reversed(range(len(names)))]
-    assert stats["observation.state"]["max"].tolist() == [float(i) + 9 for i in reversed(range(len(names)))]
+    order = list(reversed(range(len(names)))) if form == "motors" else list(range(len(names)))
+    assert stats["observation.state"]["mean"].tolist() == [float(i) for i in order]
+    assert stats["observation.state"]["max"].tolist() == [float(i) + 9 for i in order]
 
 
 def test_stats_json_is_read_as_stored() -> None:
@@ -106,6 +113,15 @@ def test_aggregate_equals_statistics_of_the_concatenated_values() -> None:
     assert out["count"].tolist() == [28]
 
 
+def test_aggregate_weighs_an_episode_of_count_0_at_nothing_and_keeps_what_every_episode_has() -> None:
+    """A count of 0 is a frame count (its episode weighs nothing); min and max come out only where every episode
+    has them."""
+    full = {"mean": [1.0, 2.0], "std": [0.5, 0.0], "min": [0.0, 2.0], "max": [2.0, 2.0], "count": [4]}
+    empty = {"mean": [9.0, 9.0], "std": [3.0, 3.0], "count": [0]}
+    out = aggregate_episode_stats([{"x": full}, {"x": empty}], source="test")["x"]
+    assert {name: value.tolist() for name, value in out.items()} == {"mean": [1, 2], "std": [0.5, 0], "count": [4]}
+
+
 @pytest.mark.parametrize("name", ["cr5_v21_av1", "cr5_v30_av1"])
 def test_an_episodes_selection_normalises_by_the_whole_datasets_statistics(name: str) -> None:
     """``episodes=[0, 1]`` still reads the statistics of all 12 episodes (2,733 rows): LeRobot's policies normalise
@@ -136,6 +152,15 @@ def test_generated_v21_aggregate_matches_the_generated_v30_totals(make_ds) -> No
             np.testing.assert_allclose(v21[key][name], v30[key][name], rtol=1e-9, atol=1e-12, err_msg=f"{key} {name}")
 
 
+def test_blank_lines_of_episodes_stats_are_no_records(tmp_path: Path) -> None:
+    """A blank line between or after the records (a file added to by hand) is passed over, not refused as JSON."""
+    (tmp_path / "meta").mkdir()
+    record = '{"stats": {"x": {"mean": [1], "std": [0], "count": [2]}}}\n'
+    (tmp_path / "meta/episodes_stats.jsonl").write_text(record + "\n" + record.replace("[1]", "[4]") + "  \n")
+    stats = {name: value.tolist() for name, value in _stats_of(tmp_path)["x"].items()}
+    assert stats == {"mean": [2.5], "std": [1.5], "count": [4]}
+
+
 def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
     (tmp_path / "meta").mkdir()
     assert _stats_of(tmp_path) == {}
@@ -146,6 +171,9 @@ def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
     [
         ("episodes_stats.jsonl", '{"episode_index": 0, "stats": {}}\nnot json\n', r"episodes_stats.jsonl:2"),
         ("episodes_stats.jsonl", '{"episode_index": 0}\n', r"episodes_stats.jsonl:1: not an episode statistics"),
+        ("episodes_stats.jsonl", "[1, 2]\n", r"episodes_stats.jsonl:1: not an episode statistics record \(TypeError"),
+        ("episodes_stats.jsonl", '{"stats": [1]}\n', r"episodes_stats.jsonl:1: 'stats' is a list, expected an object"),
+        ("episodes_stats.jsonl", '{"stats": {"x": {"mean": [1], "std": [1], "count": [0]}}}\n', r"x: every episode "),
         (
             "episodes_stats.jsonl",
             '{"stats": {"x": {"mean": [1], "std": [1], "count": [2]}}}\n'
@@ -166,6 +194,7 @@ def test_no_statistics_gives_an_empty_mapping(tmp_path: Path) -> None:
             r"x: counts \[-2\.0, 4\.0\] are not all frame counts \(finite, 0 or more\)",
         ),
         ("stats.json", "{", r"stats.json is not valid JSON"),
+        ("stats.json", "[1]", r"stats.json: expected an object of feature statistics, got list"),
         ("stats.json", '{"x": {"mean": "a lot"}}', r"stats.json: x: mean is not a numeric array"),
     ],
 )
@@ -181,7 +210,11 @@ def test_malformed_statistics_name_the_file(tmp_path: Path, name: str, content: 
 @pytest.mark.parametrize(
     ("name", "content"),
     [
-        ("stats.json", '{"x": {"mean": [1, NaN], "std": [1, 1]}, "y": {"mean": [0], "std": [Infinity]}}'),
+        (
+            "stats.json",
+            '{"x": {"mean": [1, NaN], "std": [1, 1]}, "y": {"mean": [0], "std": [Infinity], "min": [-Infinity], '
+            '"max": [NaN]}}',
+        ),
         (
             "episodes_stats.jsonl",
             '{"stats": {"x": {"mean": [1, 2], "std": [1, 1], "count": [2]}}}\n'
@@ -198,7 +231,7 @@ def test_statistics_that_are_not_finite_are_said_naming_the_file_and_entries(
     and train.py's feature_stats), while the sound entries read on."""
     (tmp_path / "meta").mkdir()
     (tmp_path / "meta" / name).write_text(content)
-    listed = "['x mean', 'x std']" if name.endswith(".jsonl") else "['x mean', 'y std']"  # (pooled: both)
+    listed = "['x mean', 'x std']" if name.endswith(".jsonl") else "['x mean', 'y std', 'y min', 'y max']"  # (pooled)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_stats"):
         stats = _stats_of(tmp_path)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -351,6 +384,21 @@ def test_each_version_reads_the_file_lerobot_reads(make_ds, copy_ds, version: st
     assert "observation.state" in stats
 
 
+def test_only_entries_without_count_take_the_datasets_frame_count(make_ds, copy_ds) -> None:
+    """A stats.json whose action has no 'count' (LeRobot before v2.1) beside a state that keeps its own (7 here, as a
+    camera's counts the frames LeRobot sampled, not every frame): the action takes the dataset's 10 frames, the
+    state's stays 7."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    root = copy_ds(make_ds(episodes=2, frames_per_episode=[4, 6], cameras=0, fps=10))
+    stored = json.loads((root / "meta/stats.json").read_text())
+    del stored["action"]["count"]
+    stored["observation.state"]["count"] = [7]
+    (root / "meta/stats.json").write_text(json.dumps(stored))
+    stats = open_dataset(root).read_stats()
+    assert (stats["action"]["count"].tolist(), stats["observation.state"]["count"].tolist()) == ([10], [7])
+
+
 def test_stats_without_count_stay_so_where_the_frame_count_is_not_known(tmp_path: Path, caplog) -> None:
     """Without 'count' in stats.json, total_frames in info.json or a readable episodes.jsonl, the statistics are read
     as stored, without a count (pooling them then says it lacks one), and why is logged: not an error of the read."""
@@ -365,6 +413,8 @@ def test_stats_without_count_stay_so_where_the_frame_count_is_not_known(tmp_path
     assert sorted(stats) == sorted(stored) and all("count" not in entry for entry in stats.values())
     np.testing.assert_array_equal(stats["action"]["mean"], np.asarray(stored["action"]["mean"]))
     assert f"{part}: no frame count for its statistics: " in caplog.text and "episodes.jsonl is missing" in caplog.text
+    (part / "meta/episodes.jsonl").write_text("")  # (no episodes: no frames to count, not a count of 0)
+    assert all("count" not in entry for entry in read_dataset_stats(location, read_info(location)).values())
 
 
 def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> None:
@@ -397,6 +447,12 @@ def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> 
     assert faults["state"][1].startswith("mean has shape (6,), but the feature's is (7,) in info.json (its statistics")
     assert [len(faults[k]) for k in ("state", "reward", "cam", "first")] == [5, 4, 4, 4]  # (q01 of the right shape)
     assert "(its statistics are (1, 1, 1) or (1,) or (3, 1, 1) or (3,))" in faults["first"][0]
+    assert faults["cam"][0].endswith("(its statistics are (3, 1, 1) or (3,))")  # (three channels: said once)
+    unlike = sound(state=(7,))
+    unlike["state"]["min"] = np.zeros(6)  # (min and max of different shapes: not compared, which numpy cannot)
+    assert stats_faults(unlike, info, ["state"]) == {
+        "state": ["min has shape (6,), but the feature's is (7,) in info.json (its statistics are (7,))"]
+    }
     assert stats_faults(bad, info, ["text"]) == {}
     for name in ("cr5_v30_av1", "cr5_v21_av1", "r1_v30_h264", "gr00t_v20_h264"):
         location = resolve_location(str(shared_dataset(name)))
@@ -413,6 +469,7 @@ def test_statistics_faults_take_lerobots_three_channels_for_every_camera() -> No
         "grey": {"dtype": "image", "shape": [32, 48, 1], "names": ["height", "width", "channel"]},
         "depth": {"dtype": "video", "shape": [64, 64, 1], "names": ["height", "width", "channels"]},
         "unnamed": {"dtype": "video", "shape": [3, 480, 640], "names": None},
+        "unnamed_grey": {"dtype": "image", "shape": [32, 48, 1], "names": None},  # (channels last, unnamed)
     }
     info = DatasetInfo.from_json(
         {"codebase_version": "v3.0", "fps": 10, "data_path": "d", "video_path": "v", "features": features},
@@ -426,6 +483,7 @@ def test_statistics_faults_take_lerobots_three_channels_for_every_camera() -> No
     assert stats_faults({key: written((3, 1, 1)) for key in features}, info, list(features)) == {}
     assert stats_faults({key: written((3,)) for key in features}, info, list(features)) == {}
     assert stats_faults({"grey": written((1, 1, 1)), "depth": written((1,))}, info, list(features)) == {}
+    assert stats_faults({"unnamed_grey": written((1, 1, 1))}, info, list(features)) == {}
     faults = stats_faults({"grey": written((2, 1, 1))}, info, list(features))
     assert len(faults["grey"]) == 9 and faults["grey"][0].startswith("mean has shape (2, 1, 1)")
 
