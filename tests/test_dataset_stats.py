@@ -113,13 +113,14 @@ def test_aggregate_equals_statistics_of_the_concatenated_values() -> None:
     assert out["count"].tolist() == [28]
 
 
-def test_aggregate_weighs_an_episode_of_count_0_at_nothing_and_keeps_what_every_episode_has() -> None:
+def test_aggregate_weighs_an_episode_of_count_0_at_nothing_and_pools_what_episodes_have() -> None:
     """A count of 0 is a frame count (its episode weighs nothing); min and max come out only where every episode
-    has them."""
+    has them; a key only some episodes have pools theirs."""
     full = {"mean": [1.0, 2.0], "std": [0.5, 0.0], "min": [0.0, 2.0], "max": [2.0, 2.0], "count": [4]}
     empty = {"mean": [9.0, 9.0], "std": [3.0, 3.0], "count": [0]}
-    out = aggregate_episode_stats([{"x": full}, {"x": empty}], source="test")["x"]
-    assert {name: value.tolist() for name, value in out.items()} == {"mean": [1, 2], "std": [0.5, 0], "count": [4]}
+    out = aggregate_episode_stats([{"x": full, "y": full}, {"x": empty}], source="test")
+    assert {name: value.tolist() for name, value in out["x"].items()} == {"mean": [1, 2], "std": [0.5, 0], "count": [4]}
+    assert {name: value.tolist() for name, value in out["y"].items()} == full
 
 
 @pytest.mark.parametrize("name", ["cr5_v21_av1", "cr5_v30_av1"])
@@ -448,6 +449,13 @@ def test_statistics_faults_hold_each_feature_to_the_shape_lerobot_gives_it() -> 
     assert [len(faults[k]) for k in ("state", "reward", "cam", "first")] == [5, 4, 4, 4]  # (q01 of the right shape)
     assert "(its statistics are (1, 1, 1) or (1,) or (3, 1, 1) or (3,))" in faults["first"][0]
     assert faults["cam"][0].endswith("(its statistics are (3, 1, 1) or (3,))")  # (three channels: said once)
+    assert stats_faults({**bad, "undeclared": bad["state"]}, info, ["text", "undeclared"]) == {}
+    flipped = sound(state=(7,))
+    flipped["state"]["std"][[1, 4]] = -1
+    flipped["state"]["min"][[2, 3]] = 5
+    assert stats_faults(flipped, info, ["state"]) == {
+        "state": ["std is negative at components [1, 4]", "min is above max at components [2, 3]"]
+    }
     unlike = sound(state=(7,))
     unlike["state"]["min"] = np.zeros(6)  # (min and max of different shapes: not compared, which numpy cannot)
     assert stats_faults(unlike, info, ["state"]) == {
