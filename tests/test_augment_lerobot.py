@@ -328,6 +328,10 @@ def _lerobot(**changes: Any) -> dict[str, Any]:
     return raw
 
 
+#: Every transform of LeRobot's default table but its sharpness left out.
+_ALL_BUT_SHARPNESS: dict[str, None] = {name: None for name in LEROBOT_DEFAULT["tfs"] if name != "sharpness"}
+
+
 def test_from_lerobot_follows_enable_weights_and_max_num_transforms() -> None:
     assert AugmentConfig.from_lerobot(_lerobot(enable=False)) == AugmentConfig()
     # every weight 0: LeRobot keeps no transform and applies its Identity
@@ -344,6 +348,34 @@ def test_from_lerobot_follows_enable_weights_and_max_num_transforms() -> None:
     assert dropped.random_subset.weights == dict.fromkeys(("brightness", "contrast", "saturation", "affine"), 1.0)
     # one transform per sample: the order does not matter, so random_order is accepted
     assert AugmentConfig.from_lerobot(_lerobot(max_num_transforms=1, random_order=True)).random_subset is not None
+    # and so it is where only one transform is left, whatever max_num_transforms says (3 here)
+    alone = AugmentConfig.from_lerobot(_lerobot(random_order=True, tfs=_ALL_BUT_SHARPNESS))
+    assert alone == AugmentConfig(sharpness=SharpnessJitter(factor=(0.5, 1.5)))
+    # numpy's booleans (a config read through numpy) are booleans too
+    assert AugmentConfig.from_lerobot(_lerobot(enable=np.bool_(False))) == AugmentConfig()
+    # an object with only some of the fields is no config, and a transform with only some is refused by name
+    with pytest.raises(TypeError, match="^expected LeRobot's ImageTransformsConfig or its dict form, got Simple"):
+        AugmentConfig.from_lerobot(SimpleNamespace(enable=True, tfs={}))
+    with pytest.raises(ValueError, match=r"^image_transforms\.tfs\.hue = namespace\(.*\) is invalid: expected a table"):
+        AugmentConfig.from_lerobot(_lerobot(tfs={"hue": SimpleNamespace(weight=1.0, type="ColorJitter")}))
+
+
+def test_from_lerobot_fills_in_lerobots_defaults_and_keeps_each_weight() -> None:
+    """A dict form that leaves out max_num_transforms (LeRobot: 3), a weight (1.0) and the affine's translate and
+    scale (none): 3 of the 4 transforms per sample, each drawn by its own weight."""
+    sharpness = {k: v for k, v in LEROBOT_DEFAULT["tfs"]["sharpness"].items() if k != "weight"}
+    affine = {"weight": 2.0, "type": "RandomAffine", "kwargs": {"degrees": [-5.0, 5.0]}}
+    hue = {**LEROBOT_DEFAULT["tfs"]["hue"], "weight": 0.5}
+    brightness = {**LEROBOT_DEFAULT["tfs"]["brightness"], "weight": 3}
+    raw = {"enable": True, "tfs": {"sharpness": sharpness, "affine": affine, "hue": hue, "brightness": brightness}}
+    assert AugmentConfig.from_lerobot(raw) == AugmentConfig(
+        affine=RandomAffine(degrees=(-5.0, 5.0), translate=(0.0, 0.0), scale=(1.0, 1.0)),
+        color_jitter=ColorJitter(brightness=(0.8, 1.2), hue=(-0.05, 0.05)),
+        sharpness=SharpnessJitter(factor=(0.5, 1.5)),
+        random_subset=RandomSubset(
+            max_num_transforms=3, weights={"sharpness": 1.0, "affine": 2.0, "hue": 0.5, "brightness": 3.0}
+        ),
+    )
 
 
 def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> None:
@@ -383,6 +415,10 @@ def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> N
             "split it into one ColorJitter per factor",
         ),
         ({"enable": True}, "has no 'tfs'"),
+        # a max_num_transforms of no int is refused, not read as 0 (no transforms) or skipped for one transform
+        (_lerobot(max_num_transforms=False), r"max_num_transforms = False is invalid: expected an integer >= 1"),
+        (_lerobot(max_num_transforms=0.0), r"max_num_transforms = 0\.0 is invalid: expected an integer >= 1"),
+        (_lerobot(max_num_transforms=-1, tfs=_ALL_BUT_SHARPNESS), "max_num_transforms = -1 is invalid"),
         # A typo (LeRobot's own config parser refuses it) ran LeRobot's defaults for that key, a string "false"
         # enabled the transforms, and a malformed entry was a TypeError that named no transform.
         (_lerobot(max_num_transform=1), r"unknown key\(s\) \['max_num_transform'\].*allowed: \['enable', "),
@@ -421,6 +457,9 @@ def test_from_lerobot_takes_what_lerobot_runs_and_refuses_what_it_refuses() -> N
         "factor-twice",
         "joined-factors",
         "no-tfs",
+        "max-false",
+        "max-float-zero",
+        "max-negative-one-transform",
         "unknown-key",
         "unknown-tf-key",
         "enable-string",
