@@ -21,6 +21,7 @@ from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DataFileError, DeltaTimestampsError, SchemaMismatchError
 from lerobot_dali.generate import text_list_table
+from lerobot_dali.host_values import decode_host_values, encode_host_values
 from lerobot_dali.iterator import DALILeRobotIterator
 
 FPS = 10
@@ -276,6 +277,34 @@ def test_a_string_feature_stored_as_bytes_reads_as_text(make_ds, tmp_path: Path)
     store_notes([b"\xff\xfe"] * len(index))
     with pytest.raises(DataFileError, match=rf"{re.escape(str(second))}: column 'extra.note' holds a string that is "):
         open_dataset(root).read_episode(1)
+
+
+def _objects(*values: object) -> np.ndarray:
+    """``values`` as a (B,) object array, as a batch's column of strings or structures comes."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def test_host_values_travel_as_nul_padded_utf8_json_and_come_back() -> None:
+    """What carries strings and structures through the graph: each sample's JSON text as UTF-8 bytes, padded with
+    NUL to the batch's longest; a window's (T,) array as its list."""
+    window = np.array(["é", "a\x00"], dtype=object)
+    values = _objects(window, ["a", None], {"k": 1})
+    encoded = encode_host_values(values, key="extra.note")
+    texts = ['["é", "a\\u0000"]', '["a", null]', '{"k": 1}']
+    assert encoded.dtype == np.uint8 and encoded.shape == (3, len(texts[0].encode()))  # (é: 2 bytes)
+    for row, text in zip(encoded, texts, strict=True):
+        assert row.tobytes() == text.encode().ljust(encoded.shape[1], b"\0")
+    assert decode_host_values(encoded) == [["é", "a\x00"], ["a", None], {"k": 1}]
+
+
+@pytest.mark.parametrize(
+    ("value", "why"), [(b"note", "Object of type bytes is not JSON serializable"), ("\ud800", "surrogates not allowed")]
+)
+def test_a_host_value_json_cannot_carry_names_its_feature(value: object, why: str) -> None:
+    with pytest.raises(DataFileError, match=rf"^feature 'extra\.note' holds a value JSON cannot carry \(.*{why}"):
+        encode_host_values(_objects("fine", value), key="extra.note")
 
 
 SUBTASKS = ["approach", "grasp the cup", "lift é"]
