@@ -39,6 +39,7 @@ from lerobot_dali.generate import (
     make_dataset,
     task_name,
 )
+from lerobot_dali.video_encoding import DEFAULT_CRF, encoder_settings
 from tests.conftest import thread_policies
 
 
@@ -233,6 +234,36 @@ def test_encode_video_rejects_bad_options(tmp_path: Path, kwargs: dict[str, obje
     options: dict = {"fps": 30, "codec": "h264", "gop": 2} | kwargs
     with pytest.raises(ValueError, match=match):
         encode_video(tmp_path / "x.mp4", [draw_marker(0, 0, 64, 64)], **options)
+
+
+#: Each codec's crf where none is given, and the largest it takes.
+CRFS = {"av1": (30, 63), "h264": (23, 51), "hevc": (28, 51), "vp9": (32, 63)}
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_encoder_settings_take_each_crf_from_0_to_the_codecs_largest(codec: str) -> None:
+    default, largest = CRFS[codec]
+    assert DEFAULT_CRF[codec] == encoder_settings(codec, gop=1).crf == default  # (AV1's 30: LeRobot's)
+    assert encoder_settings(codec, gop=1).options["crf"] == str(default)
+    for crf in (0, largest):  # (0: lossless, not "none given")
+        settings = encoder_settings(codec, gop=1, crf=crf)
+        assert (settings.crf, settings.options["crf"]) == (crf, str(crf))
+    for crf in (-1, largest + 1):
+        with pytest.raises(ValueError, match=rf"^crf for {codec} must be in \[0, {largest}\], got {crf}\.$"):
+            encoder_settings(codec, gop=1, crf=crf)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gop": 2.0}, "gop (maximum keyframe interval in frames) must be an int, got 2.0."),
+        ({"gop": True}, "gop (maximum keyframe interval in frames) must be an int, got True."),
+        ({"crf": "20"}, "crf for h264 must be an int, got '20'."),
+    ],
+)
+def test_encoder_settings_refuse_a_gop_or_crf_of_no_int(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        encoder_settings(**({"codec": "h264", "gop": 2} | kwargs))
 
 
 @pytest.mark.parametrize(
