@@ -770,6 +770,22 @@ def test_the_copys_keyframes_are_its_gops_alone(make_ds, tmp_path: Path) -> None
     assert _keyframe_gaps(tmp_path / "out" / video.path) == [2] * 8 + [1]
 
 
+def _pts_in_decode_order(path: Path) -> list[int]:
+    with av.open(str(path)) as container:
+        return [packet.pts for packet in container.demux(video=0) if packet.size]
+
+
+@pytest.mark.parametrize("codec", ["h264", "hevc"])
+def test_a_long_gop_copy_has_no_b_frames(make_ds, tmp_path: Path, codec: str) -> None:
+    """The copy's frames are encoded in display order (B-frames off) at any GOP: the source, written by
+    ``make_dataset`` with B-frames, is reordered."""
+    root = make_ds(episodes=1, frames_per_episode=16, cameras=1, size=(64, 64), fps=FPS, codec=codec, gop=8)
+    [video] = reencode_dataset(root, tmp_path / "out", codec=codec, gop=8, jobs=1).videos
+    source, copy = _pts_in_decode_order(root / video.path), _pts_in_decode_order(tmp_path / "out" / video.path)
+    assert source != sorted(source) and len(source) == 16
+    assert copy == sorted(copy) == sorted(source)
+
+
 def _cropped_by_a_pixel(path: Path) -> None:
     """Re-encode ``path`` in place in AV1 one pixel narrower and lower (an odd size), every frame at its timestamp."""
     cropped = path.with_suffix(".odd.mp4")
