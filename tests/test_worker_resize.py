@@ -141,10 +141,14 @@ def test_decoder_resizes_close_to_dali_resize_of_the_full_frame(make_ds, codec: 
     _assert_close(small, _dali_resize(list(full), SIZE))
     # the video's own size is no resize at all: bit-identical to the plain decode
     np.testing.assert_array_equal(decoder.decode(path, index, wanted, size=(96, 128)), full)
+    # and its sides swapped are a resize (height 128, width 96), not the video's own size
+    swapped = decoder.decode(path, index, wanted, size=(128, 96))
+    assert swapped.shape == (5, 128, 96, 3)
+    _assert_close(swapped, _dali_resize(list(full), (128, 96)))
     decoder.close()
 
 
-@pytest.mark.parametrize("size", [(0, 10), (10,), (10.0, 20), "224x224"])
+@pytest.mark.parametrize("size", [(0, 10), (10,), (10, 20, 30), (10.0, 20), (True, 20), "224x224"])
 def test_decoder_rejects_a_bad_size(make_ds, size) -> None:
     path = _dataset(make_ds, "h264") / "videos/observation.images.cam0/chunk-000/file-000.mp4"
     with pytest.raises(ValueError, match="size must be a pair"):
