@@ -28,6 +28,7 @@ from lerobot_dali.cpu_decode import (
 from lerobot_dali.dali_graph import CameraFeed, FieldKind, camera_feed
 from lerobot_dali.decode_route import DecodeRoute
 from lerobot_dali.errors import VideoDecodeError
+from lerobot_dali.frame_pixels import stacked_each
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import load_packet_index
@@ -219,10 +220,15 @@ def test_color_matrix_values() -> None:
         color_matrix(8, False)
 
 
-def test_stack_planes_refuses_mixed_frames() -> None:
+def _tiny_planes(colorspace: int) -> FramePlanes:
+    """A 6x4 (WxH) 4:2:0 frame's planes (luma 0..23, Cb 7, Cr 9) with ``colorspace``'s limited-range matrix."""
     u, v = np.full((2, 3), 7, np.uint8), np.full((2, 3), 9, np.uint8)
-    small = FramePlanes(np.arange(24, dtype=np.uint8).reshape(4, 6), (u, v), color_matrix(2, False))
-    other = small._replace(matrix=color_matrix(1, False))
+    return FramePlanes(np.arange(24, dtype=np.uint8).reshape(4, 6), (u, v), color_matrix(colorspace, False))
+
+
+def test_stack_planes_refuses_mixed_frames() -> None:
+    small, other = _tiny_planes(2), _tiny_planes(1)
+    u, v = small.chroma
     stacked = stack_planes([small, small], label="cam.mp4")
     assert stacked.luma.shape == (2, 4, 6, 1) and stacked.chroma.shape == (2, 2, 3, 2)
     assert stacked.luma[1, :, :, 0].tolist() == small.luma.tolist()
@@ -232,6 +238,19 @@ def test_stack_planes_refuses_mixed_frames() -> None:
         stack_planes([small, other], label="cam.mp4")
     with pytest.raises(ValueError, match="no frames"):
         stack_planes([], label="cam.mp4")
+
+
+def test_each_requests_planes_are_stacked_on_their_own() -> None:
+    """A file whose colour space changes at a keyframe (episodes recorded apart, joined by a stream copy): the
+    planes of each request's window are stacked on their own, so windows on either side of the change each keep
+    their matrix; only a window across it is refused."""
+    before, after = _tiny_planes(2), _tiny_planes(1)
+    frames = [before, before, after, after]
+    first, second = stacked_each(frames, [[0, 1], [3, 2]], "planes", label="cam.mp4")
+    assert first.luma.shape == second.luma.shape == (2, 4, 6, 1)
+    assert first.matrix.tolist() == before.matrix.tolist() and second.matrix.tolist() == after.matrix.tolist()
+    with pytest.raises(VideoDecodeError, match=r"cam\.mp4: frames of one window differ"):
+        stacked_each(frames, [[0], [1, 2]], "planes", label="cam.mp4")
 
 
 def _flat_420_frame(width: int, height: int, *, colorspace: int = 1, color_range: int = 1) -> av.VideoFrame:
