@@ -17,6 +17,7 @@ from lerobot_dali.cache_dirs import (
     LOCK_FILES,
     atomic_file,
     cache_root,
+    private_cache_roots,
     prune_unused_files,
     try_flock,
 )
@@ -390,16 +391,21 @@ def test_the_iterator_sweeps_the_column_store(make_ds) -> None:
     assert not stale.exists()
 
 
-def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, tmp_path, monkeypatch, caplog) -> None:
-    """$HOME unset and no passwd entry for the uid (a container run as an arbitrary --user): Path.home()'s
-    RuntimeError ("Could not determine home directory") came out of every store's construction, so check and the
-    iterator failed before reading anything (1 of 1 scripted runs). The caches go to $XDG_CACHE_HOME, else a folder of
-    the uid's in the temporary directory, said once."""
+@pytest.mark.parametrize(
+    ("configured", "expected"),
+    [("~/caches", "HOME/caches"), ("  /fast/disk \n", "/fast/disk"), ("  ", "HOME/.cache/lerobot_dali")],
+)
+def test_the_cache_root_is_the_variable_home_expanded_else_the_users_cache(monkeypatch, configured, expected) -> None:
+    """A blank $LEROBOT_DALI_CACHE (an unset shell variable quoted in a launcher) is no folder named by spaces."""
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", configured)
+    assert cache_root() == Path(expected.replace("HOME", "/home/someone"))
+
+
+def _without_home(monkeypatch, temporary: Path) -> None:
+    """This process as one with no $HOME and no passwd entry, its temporary directory ``temporary``."""
     import pwd
     import tempfile
-
-    from lerobot_dali import open_dataset
-    from lerobot_dali.dataset_check import check_dataset
 
     def no_entry(uid: int) -> pwd.struct_passwd:
         raise KeyError(f"getpwuid(): uid not found: {uid}")
@@ -408,7 +414,18 @@ def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, 
     monkeypatch.delenv("LEROBOT_DALI_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+
+
+def test_a_process_without_a_home_directory_keeps_its_caches_elsewhere(make_ds, tmp_path, monkeypatch, caplog) -> None:
+    """$HOME unset and no passwd entry for the uid (a container run as an arbitrary --user): Path.home()'s
+    RuntimeError ("Could not determine home directory") came out of every store's construction, so check and the
+    iterator failed before reading anything (1 of 1 scripted runs). The caches go to $XDG_CACHE_HOME, else a folder of
+    the uid's in the temporary directory, said once."""
+    from lerobot_dali import open_dataset
+    from lerobot_dali.dataset_check import check_dataset
+
+    _without_home(monkeypatch, tmp_path)
     assert cache_root() == tmp_path / f"lerobot_dali-{os.getuid()}"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.cache_dirs"):
@@ -526,3 +543,22 @@ def test_a_folder_is_swept_of_dead_writers_files_once_per_process_whatever_the_p
         out.write(b"whole")
     assert later.exists()  # (swept at this process's first write only)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["100-199", "300-399", later.name, longer_host.name])
+
+
+def test_without_a_home_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch) -> None:
+    """The XDG spec says a relative $XDG_CACHE_HOME is invalid: taken, the caches would move with the working folder."""
+    _without_home(monkeypatch, tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert cache_root() == tmp_path / f"lerobot_dali-{os.getuid()}"
+
+
+def test_a_users_private_cache_roots_are_the_home_cache_then_the_temporary_one(tmp_path, monkeypatch) -> None:
+    """Best first: a cache in the home folder outlives one in the temporary directory (a reboot may empty it)."""
+    import tempfile
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    temporary = tmp_path / "tmp" / f"lerobot_dali-{os.getuid()}"
+    assert private_cache_roots() == [tmp_path / "home" / ".cache" / "lerobot_dali", temporary]
+    _without_home(monkeypatch, tmp_path / "tmp")
+    assert private_cache_roots() == [temporary]
