@@ -562,3 +562,12 @@ def test_a_users_private_cache_roots_are_the_home_cache_then_the_temporary_one(t
     assert private_cache_roots() == [tmp_path / "home" / ".cache" / "lerobot_dali", temporary]
     _without_home(monkeypatch, tmp_path / "tmp")
     assert private_cache_roots() == [temporary]
+
+
+@pytest.mark.parametrize("exclusive", [False, True])
+def test_an_entry_written_is_readable_by_the_other_users_sharing_the_cache(tmp_path: Path, exclusive: bool) -> None:
+    """The temporary file is made private (0600): renamed as it is, another user's rank could not read the entry."""
+    entry = tmp_path / "entry.json"
+    with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
+        out.write(b"whole")
+    assert entry.read_bytes() == b"whole" and entry.stat().st_mode & 0o777 == 0o644
