@@ -47,7 +47,7 @@ def write_new_folder(out: str | os.PathLike[str], write: Callable[[Path], None],
     root = refuse_taken(out, writer=writer)
     if root.is_dir():
         with _writing_alone(root, writer=writer):
-            refuse_taken(root, writer=writer)  # (again: a run that held it may have finished meanwhile)
+            refuse_taken(root, writer=writer, locked_here=True)  # (again: a run that held it may have finished)
             try:
                 write(root)
             except BaseException:
@@ -222,9 +222,10 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
+def refuse_taken(out: str | os.PathLike[str], *, writer: str, locked_here: bool = False) -> Path:
     """``out`` as a Path; FileExistsError where it exists and is not an empty folder (checked again on writing:
-    a caller that reads a source first calls this before, so a taken ``out`` costs no reading)."""
+    a caller that reads a source first calls this before, so a taken ``out`` costs no reading). ``locked_here``: this
+    process holds ``out``'s write lock (:func:`_writing_alone`), so the lock is no sign of another run writing there."""
     root = Path(out)
     if root.is_symlink() and not root.exists():  # (found once all the work was done, at the rename: ENOTDIR)
         raise NotADirectoryError(
@@ -232,7 +233,7 @@ def refuse_taken(out: str | os.PathLike[str], *, writer: str) -> Path:
             "(or loops). Remove the link, or pass another path."
         )
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        if root.is_dir() and _being_written(root):  # (not a killed run's half dataset: one whose run writes it now)
+        if root.is_dir() and not locked_here and _being_written(root):  # (a run writing it now: no half dataset)
             raise FileExistsError(_WRITING_THERE.format(folder=root, writer=writer))
         half = (
             root.is_dir()

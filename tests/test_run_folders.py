@@ -115,3 +115,23 @@ def test_a_run_still_writing_in_place_is_not_named_a_killed_ones_half_dataset(tm
     new_folder.write_new_folder(out, first, writer="make_dataset")
     with pytest.raises(FileExistsError, match="is not an empty directory. Pass a new path"):
         new_folder.refuse_taken(out, writer="make_dataset")
+
+
+def test_a_folder_filled_by_a_run_that_finished_before_the_lock_is_refused_and_kept(tmp_path, monkeypatch) -> None:
+    """Between the check and the lock another run may write the folder and finish: a run taking the lock then wrote
+    into that dataset, and emptied it, the other's files too, if it failed. It is checked again under the lock."""
+    out = tmp_path / "out"
+    out.mkdir()
+    alone = new_folder._writing_alone
+
+    def finished_meanwhile(folder: Path, *, writer: str):
+        (folder / "info.json").write_text("theirs")
+        return alone(folder, writer=writer)
+
+    def fail(folder: Path) -> None:
+        raise RuntimeError("this run failed")
+
+    monkeypatch.setattr(new_folder, "_writing_alone", finished_meanwhile)
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        new_folder.write_new_folder(out, fail, writer="make_dataset")
+    assert [(p.name, p.read_text()) for p in out.iterdir()] == [("info.json", "theirs")]
