@@ -135,3 +135,36 @@ def test_a_folder_filled_by_a_run_that_finished_before_the_lock_is_refused_and_k
     with pytest.raises(FileExistsError, match="not an empty directory"):
         new_folder.write_new_folder(out, fail, writer="make_dataset")
     assert [(p.name, p.read_text()) for p in out.iterdir()] == [("info.json", "theirs")]
+
+
+def test_a_failed_run_in_place_unlinks_a_folder_link_it_made_leaving_the_folder_it_points_to(tmp_path) -> None:
+    """Emptied entry by entry, a link to a folder is a link (rmtree refuses one, which hid the run's own error)."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("kept")
+
+    def fail(folder: Path) -> None:
+        (folder / "videos").symlink_to(elsewhere)
+        (folder / "data").mkdir()
+        (folder / "data" / "file.parquet").write_text("half")
+        raise RuntimeError("this run failed")
+
+    with pytest.raises(RuntimeError, match="this run failed"):
+        new_folder.write_new_folder(out, fail, writer="make_dataset")
+    assert list(out.iterdir()) == [] and (elsewhere / "keep.txt").read_text() == "kept"
+
+
+def test_a_folder_on_a_filesystem_without_locks_is_written_in_place_without_one(tmp_path, monkeypatch) -> None:
+    """NFS without its lock daemon answers flock with ENOLCK: no lock, but the dataset is written."""
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert new_folder.write_new_folder(out, lambda f: (f / "info.json").write_text("A"), writer="make_dataset") == out
+    assert (out / "info.json").read_text() == "A"
