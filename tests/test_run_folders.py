@@ -168,3 +168,14 @@ def test_a_folder_on_a_filesystem_without_locks_is_written_in_place_without_one(
     monkeypatch.setattr(fcntl, "flock", no_locks)
     assert new_folder.write_new_folder(out, lambda f: (f / "info.json").write_text("A"), writer="make_dataset") == out
     assert (out / "info.json").read_text() == "A"
+
+
+def test_a_link_to_a_mount_point_is_refused_as_the_mount_point(tmp_path, monkeypatch) -> None:
+    """The folder written beside the link's target cannot be renamed onto a mount point either (EXDEV, once all the
+    work was done); a link is no mount point itself (os.path.ismount of the link says False)."""
+    volume, link = tmp_path / "volume", tmp_path / "out"
+    volume.mkdir()
+    link.symlink_to(volume)
+    monkeypatch.setattr(new_folder.os.path, "ismount", lambda path: Path(path) == volume)
+    with pytest.raises(ValueError, match=r"out: it is a mount point"):
+        new_folder.refuse_resumable_taken(link, writer="reencode")
