@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -15,6 +16,7 @@ import pytest
 from lerobot_dali.cache_dirs import (
     CACHE_DAYS_ENV,
     LOCK_FILES,
+    EntryStands,
     atomic_file,
     cache_root,
     private_cache_roots,
@@ -571,3 +573,47 @@ def test_an_entry_written_is_readable_by_the_other_users_sharing_the_cache(tmp_p
     with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
         out.write(b"whole")
     assert entry.read_bytes() == b"whole" and entry.stat().st_mode & 0o777 == 0o644
+
+
+def _write(entry: Path, data: bytes, *, exclusive: bool) -> None:
+    with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
+        out.write(data)
+
+
+@pytest.mark.parametrize(
+    ("link_error", "outcome"),
+    [(None, "stands"), (errno.EPERM, "replaced"), (errno.EOPNOTSUPP, "replaced"), (errno.EIO, "raised")],
+)
+def test_an_exclusive_write_takes_the_name_only_where_none_stands(tmp_path, monkeypatch, link_error, outcome) -> None:
+    """A merge writes exclusively so that two merges never write over each other's entry: one standing is left (the
+    caller merges it in). A filesystem without hard links (FAT, some FUSE mounts) is written over as without; any
+    other failure of the link is no such filesystem, and is raised."""
+    entry = tmp_path / "entry.json"
+    entry.write_bytes(b"theirs")
+    if link_error is not None:
+
+        def link(source: str, path: Path) -> None:
+            raise OSError(link_error, os.strerror(link_error))
+
+        monkeypatch.setattr(os, "link", link)
+    expected = {"stands": EntryStands, "replaced": None, "raised": OSError}[outcome]
+    with pytest.raises(expected) if expected else contextlib.nullcontext():
+        _write(entry, b"mine", exclusive=True)
+    assert entry.read_bytes() == (b"mine" if outcome == "replaced" else b"theirs")
+    assert [p.name for p in tmp_path.iterdir()] == ["entry.json"]  # (no temporary file left)
+    if outcome == "stands":  # (and where none stands, it is written)
+        entry.unlink()
+        _write(entry, b"first", exclusive=True)
+        assert entry.read_bytes() == b"first"
+
+
+def test_a_lock_refused_with_eacces_is_a_lock_held(tmp_path, monkeypatch) -> None:
+    """flock(2) answers EWOULDBLOCK, but lock calls on some filesystems answer a held lock with EACCES (POSIX allows
+    it): that is another holder, so None (wait and try again), not an error that builds without a lock."""
+    import fcntl
+
+    def held(fd: int, operation: int) -> None:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(fcntl, "flock", held)
+    assert try_flock(tmp_path / "entry.lock") is None
