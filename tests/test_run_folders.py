@@ -179,3 +179,14 @@ def test_a_link_to_a_mount_point_is_refused_as_the_mount_point(tmp_path, monkeyp
     monkeypatch.setattr(new_folder.os.path, "ismount", lambda path: Path(path) == volume)
     with pytest.raises(ValueError, match=r"out: it is a mount point"):
         new_folder.refuse_resumable_taken(link, writer="reencode")
+
+
+def test_only_folders_named_as_run_folders_are_removed(tmp_path) -> None:
+    """A user's folder that merely starts like a dead run's (a copy, a backup) is no run folder: it stays."""
+    out = tmp_path / "out"
+    dead = tmp_path / new_folder.run_folder(out, "tmp").name.replace(f"-{new_folder.os.getpid()}-", f"-{_dead_pid()}-")
+    backup, shorter = Path(f"{dead}-backup"), Path(str(dead)[:-1])
+    for folder in (dead, backup, shorter):
+        folder.mkdir()
+    new_folder.remove_dead_run_folders(out, "tmp", writer="test")
+    assert sorted(tmp_path.iterdir()) == sorted([backup, shorter])
