@@ -22,6 +22,7 @@ from lerobot_dali.cache_dirs import (
     private_cache_roots,
     prune_unused_files,
     try_flock,
+    wait_for_entry_lock,
 )
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.new_folder import host_name
@@ -617,3 +618,28 @@ def test_a_lock_refused_with_eacces_is_a_lock_held(tmp_path, monkeypatch) -> Non
 
     monkeypatch.setattr(fcntl, "flock", held)
     assert try_flock(tmp_path / "entry.lock") is None
+
+
+@pytest.mark.parametrize("stored", [True, False])
+def test_a_lock_held_by_another_builder_is_waited_for_until_its_entry_stands(tmp_path, monkeypatch, caplog, stored):
+    """The entry standing ends the wait at once (the waiter loads it; no word said); a holder that stalls past the wait
+    is said, and the waiter builds without the lock."""
+    import lerobot_dali.cache_dirs as cache_dirs
+
+    entry = tmp_path / "store" / "entry.json"
+    entry.parent.mkdir()
+    holder = try_flock(entry.with_suffix(".lock"))
+    polls: list[float] = []  # (the clock moves only as the waiter sleeps)
+
+    def poll(seconds: float) -> None:
+        polls.append(seconds)
+        if stored and len(polls) == 2:
+            entry.write_bytes(b"built")
+        assert len(polls) < 10, "waited on past the entry or the deadline"
+
+    monkeypatch.setattr(cache_dirs.time, "sleep", poll)
+    monkeypatch.setattr(cache_dirs.time, "monotonic", lambda: sum(polls))
+    with holder, caplog.at_level(logging.DEBUG, logger="lerobot_dali.cache_dirs"):
+        assert wait_for_entry_lock(entry, wait_s=60.0 if stored else 1.0, poll_s=0.5) is None
+    assert polls == [0.5] * (2 if stored else 3)  # (past the deadline: 1.5 s > 1 s)
+    assert ("another process has held its lock for" in caplog.text) is not stored
