@@ -21,14 +21,19 @@ def _dead_pid() -> int:
     return int(done.stdout)
 
 
+def _dead_runs_folder(out: Path) -> Path:
+    """A run folder of ``out`` as a killed run on this host leaves it (its PID now no process's)."""
+    name = new_folder.run_folder(out, "tmp").name
+    return out.parent / name.replace(f"-{new_folder.os.getpid()}-", f"-{_dead_pid()}-")
+
+
 def test_containers_sharing_the_host_name_leave_each_others_run_folders(tmp_path, monkeypatch) -> None:
     """With host networking (docker --network host, Kubernetes' hostNetwork) containers share the host's name; a
     shared volume's staging folder of a live run in one container was removed by a run in another, where its PID
     belongs to no process."""
     out = tmp_path / "out"
     monkeypatch.setattr(new_folder, "_pid_namespace", lambda: CONTAINER_A, raising=False)
-    name = new_folder.run_folder(out, "tmp").name
-    left = tmp_path / name.replace(f"-{new_folder.os.getpid()}-", f"-{_dead_pid()}-")  # (as seen from B: no process)
+    left = _dead_runs_folder(out)  # (as seen from B: no process)
     left.mkdir()
     monkeypatch.setattr(new_folder, "_pid_namespace", lambda: CONTAINER_B, raising=False)
     new_folder.remove_dead_run_folders(out, "tmp", writer="test")
@@ -184,9 +189,24 @@ def test_a_link_to_a_mount_point_is_refused_as_the_mount_point(tmp_path, monkeyp
 def test_only_folders_named_as_run_folders_are_removed(tmp_path) -> None:
     """A user's folder that merely starts like a dead run's (a copy, a backup) is no run folder: it stays."""
     out = tmp_path / "out"
-    dead = tmp_path / new_folder.run_folder(out, "tmp").name.replace(f"-{new_folder.os.getpid()}-", f"-{_dead_pid()}-")
+    dead = _dead_runs_folder(out)
     backup, shorter = Path(f"{dead}-backup"), Path(str(dead)[:-1])
     for folder in (dead, backup, shorter):
         folder.mkdir()
     new_folder.remove_dead_run_folders(out, "tmp", writer="test")
     assert sorted(tmp_path.iterdir()) == sorted([backup, shorter])
+
+
+def test_a_dead_runs_folder_that_cannot_be_removed_is_not_said_removed(tmp_path, monkeypatch, caplog) -> None:
+    """rmtree(ignore_errors=True) says nothing of what it could not delete (another user's files): the log said the
+    folder was removed while it stayed."""
+    out = tmp_path / "out"
+    dead = _dead_runs_folder(out)
+    dead.mkdir()
+    with caplog.at_level("INFO", logger="lerobot_dali.new_folder"):
+        monkeypatch.setattr(new_folder.shutil, "rmtree", lambda path, ignore_errors: None)
+        new_folder.remove_dead_run_folders(out, "tmp", writer="test")
+        assert dead.exists() and "removed" not in caplog.text
+        monkeypatch.undo()
+        new_folder.remove_dead_run_folders(out, "tmp", writer="test")
+    assert not dead.exists() and f"removed {dead}, left by a test run on this host" in caplog.text
