@@ -19,6 +19,7 @@ from lerobot_dali.cache_dirs import (
     EntryStands,
     atomic_file,
     cache_root,
+    delete_if_unchanged,
     private_cache_roots,
     prune_unused_files,
     try_flock,
@@ -218,6 +219,7 @@ def test_a_prefetch_slot_the_sweep_cannot_delete_is_not_logged_as_deleted(tmp_pa
     """Another user's slot in a shared cache (or a read-only one): its rename aside and every file's deletion fail,
     yet the sweep logged "deleted prefetch cache ..." (1 of 1), leaving the disk as full as it was and nobody told."""
     slot = _old_slot(tmp_path)
+    (slot / "large.bin").write_bytes(bytes(250_000))  # (what stays is said in MB)
     kept = sorted(p.name for p in slot.iterdir())
 
     def refused(*args, **kwargs):
@@ -235,7 +237,26 @@ def test_a_prefetch_slot_the_sweep_cannot_delete_is_not_logged_as_deleted(tmp_pa
     files = sum(1 for p in slot.rglob("*") if p.is_file())
     assert record.getMessage().startswith(f"cannot delete prefetch cache {slot}, which no run has used for 30 days")
     assert f"PermissionError: [Errno {errno.EACCES}]" in record.getMessage()
-    assert f"{files} file(s), 0.0 MB of it stay in {slot}: delete it as its owner" in record.getMessage()
+    assert f"{files} file(s), 0.3 MB of it stay in {slot}: delete it as its owner" in record.getMessage()
+
+
+def test_a_prefetch_slot_whose_files_another_sweep_deletes_meanwhile_is_logged_as_deleted(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    """Two ranks' sweeps may delete one file: a file gone before its unlink is deleted as wanted, no failure."""
+    slot = _old_slot(tmp_path)
+    unlink = os.unlink
+
+    def deleted_meanwhile(path, *, dir_fd=None) -> None:
+        unlink(path, dir_fd=dir_fd)
+        unlink(path, dir_fd=dir_fd)  # (FileNotFoundError: as another sweep's unlink left it)
+
+    monkeypatch.setattr(os, "unlink", deleted_meanwhile)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        prune_unused_slots(tmp_path / "prefetch")
+    monkeypatch.undo()
+    assert not slot.parent.exists() and [r.levelname for r in caplog.records] == ["INFO"]
+    assert caplog.records[0].getMessage().startswith(f"deleted prefetch cache {slot}: no run has used it for 30 days")
 
 
 def test_a_prefetch_slot_opened_long_ago_and_used_since_is_kept(tmp_path: Path) -> None:
@@ -643,3 +664,19 @@ def test_a_lock_held_by_another_builder_is_waited_for_until_its_entry_stands(tmp
         assert wait_for_entry_lock(entry, wait_s=60.0 if stored else 1.0, poll_s=0.5) is None
     assert polls == [0.5] * (2 if stored else 3)  # (past the deadline: 1.5 s > 1 s)
     assert ("another process has held its lock for" in caplog.text) is not stored
+
+
+def test_a_damaged_entry_is_deleted_unless_a_good_one_replaced_it_since_it_was_read(tmp_path: Path) -> None:
+    """A store deletes an entry it found damaged; another rank may have renamed a good one over it meanwhile, which
+    must stay. An entry never opened (no stat) is deleted outright."""
+    entry = tmp_path / "entry.json"
+    entry.write_bytes(b"damaged")
+    read = entry.stat()
+    _write(entry, b"good", exclusive=False)  # (renamed over it meanwhile)
+    delete_if_unchanged(entry, read)
+    assert entry.read_bytes() == b"good"
+    delete_if_unchanged(entry, entry.stat())
+    assert not entry.exists()
+    entry.write_bytes(b"never opened")
+    delete_if_unchanged(entry, None)
+    assert not entry.exists()
