@@ -473,6 +473,8 @@ def test_a_file_held_by_a_reader_is_not_deleted_nor_where_the_filesystem_takes_n
         assert not delete_unless_held(copy) and copy.exists()
     monkeypatch.setattr(fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(OSError(errno.ENOLCK, "no locks")))
     assert not delete_unless_held(copy) and copy.exists()
+    with open(copy, "rb") as reader:
+        assert hold_shared(reader, copy)  # (read without a lock: nothing deletes it either)
     monkeypatch.undo()
     assert delete_unless_held(copy) and not copy.exists()
     with open(_file(copy, 0), "rb") as reader:

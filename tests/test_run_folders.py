@@ -4,6 +4,8 @@ other's live runs as dead."""
 
 from __future__ import annotations
 
+import errno
+import functools
 import socket
 import subprocess
 import sys
@@ -86,6 +88,10 @@ def test_a_killed_runs_half_dataset_is_named_as_such_when_refused(tmp_path) -> N
     (half / "videos").mkdir()
     with pytest.raises(FileExistsError, match=r"no meta/info.json, which is written last: .* killed .* delete its"):
         new_folder.refuse_taken(half, writer="make_dataset")
+    for part in ("images", "meta"):  # (the first folders a run writes, of an image-only dataset)
+        (tmp_path / part / part).mkdir(parents=True)
+        with pytest.raises(FileExistsError, match=r"no meta/info.json, which is written last"):
+            new_folder.refuse_taken(tmp_path / part, writer="make_dataset")
     whole = tmp_path / "whole"
     (whole / "meta").mkdir(parents=True)
     (whole / "meta" / "info.json").write_text("{}")
@@ -210,3 +216,36 @@ def test_a_dead_runs_folder_that_cannot_be_removed_is_not_said_removed(tmp_path,
         monkeypatch.undo()
         new_folder.remove_dead_run_folders(out, "tmp", writer="test")
     assert not dead.exists() and f"removed {dead}, left by a test run on this host" in caplog.text
+
+
+def test_an_out_that_is_a_file_or_a_broken_link_is_refused_before_any_work(tmp_path) -> None:
+    """Found only at the rename, once all the work was done (ENOTDIR), these are said first, each as what it is."""
+    file, link = tmp_path / "file", tmp_path / "link"
+    file.write_text("mine")
+    link.symlink_to(tmp_path / "missing")
+    with pytest.raises(FileExistsError, match=r"file: it exists and is not an empty directory\. Pass a new path"):
+        new_folder.refuse_taken(file, writer="make_dataset")
+    with pytest.raises(NotADirectoryError, match=r"link: it is a symbolic link to '.*missing', which does not exist"):
+        new_folder.refuse_taken(link, writer="make_dataset")
+    assert file.read_text() == "mine" and link.is_symlink()
+
+
+@pytest.mark.parametrize(
+    ("answer", "alive"),
+    [
+        (None, True),
+        (PermissionError, True),
+        (ProcessLookupError, False),
+        (OverflowError, False),  # (a PID past the C int: a folder's name may hold any number)
+        (functools.partial(OSError, errno.EINVAL, "Invalid argument"), False),
+    ],
+)
+def test_a_pid_is_alive_where_a_process_has_it_another_users_too(monkeypatch, answer, alive) -> None:
+    """kill(pid, 0) tells: EPERM is another user's live process, whose run folder must stay."""
+
+    def kill(pid: int, signal: int) -> None:
+        if answer is not None:
+            raise answer()
+
+    monkeypatch.setattr(new_folder.os, "kill", kill)
+    assert new_folder.pid_alive(1234) is alive
