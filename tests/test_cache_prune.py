@@ -20,6 +20,7 @@ from lerobot_dali.cache_dirs import (
     atomic_file,
     cache_root,
     delete_if_unchanged,
+    newest_stamps,
     private_cache_roots,
     prune_unused_files,
     try_flock,
@@ -682,3 +683,12 @@ def test_a_damaged_entry_is_deleted_unless_a_good_one_replaced_it_since_it_was_r
     entry.write_bytes(b"never opened")
     delete_if_unchanged(entry, None)
     assert not entry.exists()
+
+
+def test_a_store_keeps_every_entry_of_a_files_newest_stamps_oldest_first() -> None:
+    """A file copied to one path by two hosts has two versions, each with several entries (one per camera): those of
+    its newest ``limit`` versions stay, all of them, in the order given; other files' stamps count apart."""
+    keys = [("a", 1, "front"), ("b", 1, "front"), *(("a", v, camera) for v in (2, 3) for camera in ("front", "wrist"))]
+    stamp = lambda key: (key[0], key[1])  # noqa: E731
+    assert newest_stamps(keys, stamp, 1) == [("b", 1, "front"), ("a", 3, "front"), ("a", 3, "wrist")]
+    assert newest_stamps(keys, stamp, 2) == [("b", 1, "front"), *keys[2:]]
