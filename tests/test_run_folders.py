@@ -249,3 +249,16 @@ def test_a_pid_is_alive_where_a_process_has_it_another_users_too(monkeypatch, an
 
     monkeypatch.setattr(new_folder.os, "kill", kill)
     assert new_folder.pid_alive(1234) is alive
+
+
+def test_the_dataset_holding_a_path_is_the_nearest_folder_with_meta_info_json_at_or_above_it(tmp_path) -> None:
+    """A run's output given as a dataset's own folder is inside it too (its checkpoints would be uploaded with it)."""
+    dataset = tmp_path / "dataset"
+    (dataset / "meta").mkdir(parents=True)
+    (dataset / "meta" / "info.json").write_text("{}")
+    (tmp_path / "link").symlink_to(dataset / "meta")
+    for path, holder in [(dataset, dataset), (dataset / "out" / "new", dataset), (tmp_path / "link", dataset)]:
+        assert new_folder.dataset_holding(path) == holder
+    assert new_folder.dataset_holding(tmp_path / "elsewhere") is None
+    with pytest.raises(ValueError, match=r"--output_dir .*dataset is inside the dataset .*dataset: give a folder"):
+        new_folder.refuse_inside_datasets("--output_dir", dataset)
