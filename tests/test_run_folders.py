@@ -262,3 +262,7 @@ def test_the_dataset_holding_a_path_is_the_nearest_folder_with_meta_info_json_at
     assert new_folder.dataset_holding(tmp_path / "elsewhere") is None
     with pytest.raises(ValueError, match=r"--output_dir .*dataset is inside the dataset .*dataset: give a folder"):
         new_folder.refuse_inside_datasets("--output_dir", dataset)
+    given = tmp_path / "given"  # (a dataset the run reads is named as the run was given it)
+    given.symlink_to(dataset)
+    with pytest.raises(ValueError, match=f"^--output_dir {dataset}/out is inside the dataset {given}: give a folder"):
+        new_folder.refuse_inside_datasets("--output_dir", dataset / "out", ["hf://user/set", str(given)])
