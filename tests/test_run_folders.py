@@ -266,3 +266,23 @@ def test_the_dataset_holding_a_path_is_the_nearest_folder_with_meta_info_json_at
     given.symlink_to(dataset)
     with pytest.raises(ValueError, match=f"^--output_dir {dataset}/out is inside the dataset {given}: give a folder"):
         new_folder.refuse_inside_datasets("--output_dir", dataset / "out", ["hf://user/set", str(given)])
+
+
+def test_a_folder_writable_but_not_searchable_is_refused_as_unwritable(tmp_path, monkeypatch) -> None:
+    """Files are made in a folder only with its search (x) permission too: mode 0o200 is no folder to write in."""
+    monkeypatch.setattr(new_folder.os, "access", lambda path, mode: mode == new_folder.os.W_OK)
+    with pytest.raises(ValueError, match=f"--out {tmp_path}/out: {tmp_path} is not writable; give a folder"):
+        new_folder.refuse_unwritable("--out", tmp_path / "out")
+
+
+def test_a_rename_that_fails_for_another_reason_than_a_taken_out_raises_that_failure(tmp_path, monkeypatch) -> None:
+    """Only an out that exists after the failed rename was written meanwhile by another run; a rename failing
+    otherwise (another filesystem, EXDEV) is said as itself, and the staging folder goes."""
+
+    def across_filesystems(self: Path, target: str) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(Path, "rename", across_filesystems)
+    with pytest.raises(OSError, match="cross-device") as raised:
+        new_folder.write_new_folder(tmp_path / "out", lambda f: (f / "info.json").write_text("A"), writer="test")
+    assert not isinstance(raised.value, FileExistsError) and list(tmp_path.iterdir()) == []
