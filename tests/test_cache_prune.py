@@ -25,6 +25,7 @@ from lerobot_dali.cache_dirs import (
     prune_unused_files,
     try_flock,
     wait_for_entry_lock,
+    write_checksummed,
 )
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.new_folder import host_name
@@ -692,3 +693,39 @@ def test_a_store_keeps_every_entry_of_a_files_newest_stamps_oldest_first() -> No
     stamp = lambda key: (key[0], key[1])  # noqa: E731
     assert newest_stamps(keys, stamp, 1) == [("b", 1, "front"), ("a", 3, "front"), ("a", 3, "wrist")]
     assert newest_stamps(keys, stamp, 2) == [("b", 1, "front"), *keys[2:]]
+
+
+@pytest.mark.parametrize(
+    ("code", "store", "fix"),
+    [
+        (errno.ENOSPC, "store", "free space"),
+        (errno.EROFS, "store", "make it a writable folder"),
+        (errno.EACCES, "no-folder", "make it a writable folder"),  # (the store's folder is none to write in)
+        (errno.EACCES, "store", None),
+    ],
+)
+def test_a_store_entry_not_written_says_what_to_do_about_its_folder(
+    tmp_path, monkeypatch, caplog, code, store, fix
+) -> None:
+    """Never raised (the store only saves work), but said once with the fix: a full disk, a read-only one, no folder
+    to write in, or where the folder takes writes, this one entry's permissions."""
+    import lerobot_dali.cache_dirs as cache_dirs
+
+    error = OSError(code, os.strerror(code))  # (PermissionError for EACCES)
+
+    def refused(**kwargs):
+        raise error
+
+    monkeypatch.setattr(cache_dirs.tempfile, "NamedTemporaryFile", refused)
+    entry = tmp_path / "store" / f"entry-{code}.json"
+    with caplog.at_level(logging.WARNING, logger="test.store"):
+        kept = write_checksummed(
+            entry, b"body", directory=tmp_path / store, logger=logging.getLogger("test.store"), what="the counts",
+            otherwise="the next run counts again",
+        )  # fmt: skip
+    assert not kept and not entry.exists()
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message == (
+        f"cannot keep the counts in {entry} ({type(error).__name__}: {error}); the next run counts again: "
+        f"{fix or 'check its permissions'} or move the cache with $LEROBOT_DALI_CACHE"
+    )
