@@ -50,12 +50,14 @@ def _file(path: Path, days: float, size: int = 10) -> Path:
     return _aged(path, days)
 
 
-def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_path: Path, monkeypatch) -> None:
+def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_path: Path, monkeypatch, caplog) -> None:
     monkeypatch.setenv(CACHE_DAYS_ENV, "7")
-    stale, fresh = _file(tmp_path / "ab" / "old.npz", 8), _file(tmp_path / "cd" / "new.npz", 6)
+    stale, fresh = _file(tmp_path / "ab" / "old.npz", 8, 300_000), _file(tmp_path / "cd" / "new.npz", 6)
     other = _file(tmp_path / "ab" / "old.txt", 8)  # not the pattern's
-    prune_unused_files(tmp_path, "*/*.npz")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.cache_dirs"):
+        prune_unused_files(tmp_path, "*/*.npz")
     assert not stale.exists() and fresh.exists() and other.exists()
+    assert caplog.messages == [f"{tmp_path}: deleted 1 cache file(s), 0.3 MB, unused for 7 days"]
     later = _file(tmp_path / "ab" / "later.npz", 8)
     prune_unused_files(tmp_path, "*/*.npz")  # swept less than a day ago
     assert later.exists()
@@ -729,3 +731,26 @@ def test_a_store_entry_not_written_says_what_to_do_about_its_folder(
         f"cannot keep the counts in {entry} ({type(error).__name__}: {error}); the next run counts again: "
         f"{fix or 'check its permissions'} or move the cache with $LEROBOT_DALI_CACHE"
     )
+
+
+def test_write_whole_syncs_its_file_before_it_takes_the_name(tmp_path, monkeypatch) -> None:
+    """A crash after the rename but before the data reach the disk left a zero-filled file of the right size, which
+    a reader (a resumed run's record) took for whole."""
+    from lerobot_dali.cache_dirs import write_whole
+
+    record = tmp_path / "record.json"
+    synced: list[bytes] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.pread(fd, 100, 0)))
+    write_whole(record, b"whole")
+    assert synced == [b"whole"] and record.read_bytes() == b"whole"
+
+
+def test_without_a_usable_temporary_directory_the_last_cache_root_is_in_tmp(monkeypatch) -> None:
+    """tempfile.gettempdir raises FileNotFoundError where no candidate is usable: /tmp then, not a traceback."""
+    import tempfile
+
+    def none_usable() -> str:
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "gettempdir", none_usable)
+    assert private_cache_roots()[-1] == Path(f"/tmp/lerobot_dali-{os.getuid()}")
