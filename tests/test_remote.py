@@ -28,7 +28,15 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
-from lerobot_dali.remote_errors import is_refused, is_transient, refused_error, unmasked_error
+from lerobot_dali.remote_errors import (
+    REFUSED_HINT,
+    first_line,
+    is_refused,
+    is_transient,
+    refusal_noted,
+    refused_error,
+    unmasked_error,
+)
 from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
 from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
@@ -525,6 +533,27 @@ def test_a_401_or_403_is_a_refusal_and_one_without_a_status_is_named_403() -> No
         401,
         403,
     ]
+
+
+def test_a_refusal_is_noted_once_however_often_it_is_seen() -> None:
+    """A refusal passes through several layers (a retry loop, the reader, a worker) that each note it."""
+    error = FakeHTTPError(403, "Forbidden")
+    for _ in range(3):
+        assert refusal_noted(error, "read", "x.mp4") is error
+    assert error.__notes__ == [f"lerobot_dali: read 'x.mp4' was refused (not retried): {REFUSED_HINT}"]
+
+
+@pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        ("404 Client Error.\n\nEntry Not Found for url: https://huggingface.co/...", "404 Client Error."),
+        ("\n  403 Forbidden\nthe server's body", "403 Forbidden"),  # (a message that starts with a blank line)
+        ("", "(no message)"),
+        (" \n ", "(no message)"),
+    ],
+)
+def test_an_errors_first_line_is_its_first_said_line(message: str, line: str) -> None:
+    assert first_line(RuntimeError(message)) == line
 
 
 class _SwallowingFake(FakeRemoteFileSystem):
