@@ -27,12 +27,16 @@ from huggingface_hub.errors import OfflineModeIsEnabled
 
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.errors import DatasetError, MissingDataFileError, RemoteFileError
+from lerobot_dali.errors import DatasetError, DatasetNotFoundError, MissingDataFileError, RemoteFileError
 from lerobot_dali.remote_errors import (
     REFUSED_HINT,
     first_line,
+    is_gone,
+    is_missing,
     is_refused,
     is_transient,
+    missing_status,
+    not_served,
     refusal_noted,
     refused_error,
     unmasked_error,
@@ -554,6 +558,42 @@ def test_a_refusal_is_noted_once_however_often_it_is_seen() -> None:
 )
 def test_an_errors_first_line_is_its_first_said_line(message: str, line: str) -> None:
     assert first_line(RuntimeError(message)) == line
+
+
+def _raised_from(error: BaseException, cause: BaseException) -> BaseException:
+    error.__cause__ = cause  # (as fsspec's HTTP info raises FileNotFoundError(url) from its GET's error)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("error", "missing", "status", "gone"),
+    [
+        (FakeHTTPError(404, "not found"), True, 404, False),
+        (FakeHTTPError(410, "gone"), True, 410, True),
+        (FakeHTTPError(403, "forbidden"), False, None, False),
+        (FileNotFoundError("x.mp4"), True, None, False),  # (an object store's: no server status)
+        (_raised_from(FileNotFoundError("x.mp4"), FakeHTTPError(404, "not found")), True, 404, False),
+        (_raised_from(FileNotFoundError("x.mp4"), FakeHTTPError(410, "gone")), True, 410, True),
+        (_raised_from(FileNotFoundError("x.mp4"), FakeHTTPError(503, "unavailable")), False, None, False),
+        (_raised_from(FileNotFoundError("x.mp4"), ConnectionRefusedError("refused")), False, None, False),
+        (MissingDataFileError("x.mp4: missing (listed in the episode metadata)"), False, None, False),  # (ours)
+        (DatasetNotFoundError("no meta/info.json"), False, None, False),
+        (MissingDataFileError("x.mp4: the server has no such file (HTTP 410)", 410), True, 410, True),
+    ],
+)
+def test_a_missing_file_is_one_a_server_said_it_has_not_and_gone_one_it_said_410_for(
+    error: BaseException, missing: bool, status: int | None, gone: bool
+) -> None:
+    """Only the server's answer counts (404, 410, a FileNotFoundError of its client), not fsspec's FileNotFoundError
+    of an outage, nor this package's own errors naming a file that a listing or the metadata lacks."""
+    assert (is_missing(error), missing_status(error), is_gone(error)) == (missing, status, gone)
+
+
+@pytest.mark.parametrize("status", [None, 404, 410])
+def test_a_file_a_server_has_not_is_a_missing_data_file_of_its_status(status: int | None) -> None:
+    error = not_served("https://host/x.mp4", status)
+    assert isinstance(error, MissingDataFileError) and error.status == (status or 404)
+    assert str(error).startswith(f"https://host/x.mp4: the server has no such file (HTTP {status or 404}): check")
 
 
 class _SwallowingFake(FakeRemoteFileSystem):
