@@ -30,6 +30,7 @@ from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, DatasetNotFoundError, MissingDataFileError, RemoteFileError
 from lerobot_dali.remote_errors import (
     REFUSED_HINT,
+    changed_on_server,
     first_line,
     is_gone,
     is_missing,
@@ -42,7 +43,7 @@ from lerobot_dali.remote_errors import (
     unmasked_error,
 )
 from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
-from lerobot_dali.retry_policy import RETRIES_ENV, RetryPolicy
+from lerobot_dali.retry_policy import IF_MATCH_ENV, RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
 
@@ -74,6 +75,11 @@ class _HubError(Exception):
 
 class ServerDisconnectedError(Exception):
     """Named like aiohttp's, to check matching by class name."""
+
+
+class _LibraryOSError(OSError):
+    """A library's OSError subclass: built with an errno, it stays itself (OSError alone becomes, say,
+    ConnectionRefusedError), so only its errno says what happened."""
 
 
 class NetworkError(Exception):
@@ -113,6 +119,8 @@ def _given_up_on(cause: BaseException) -> RemoteFileError:
         (FakeHTTPError(425, "too early"), True),
         (FakeHTTPError(599, "unknown"), True),  # (the last 5xx)
         (OSError(errno.EAGAIN, "try again"), True),
+        *((_LibraryOSError(code, "refused"), True) for code in (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EPIPE)),
+        (_LibraryOSError(errno.EIO, "refused"), False),
         (FakeHTTPError(500, "internal"), True),
         (FakeHTTPError(404, "not found"), False),
         (FakeHTTPError(403, "forbidden"), False),
@@ -594,6 +602,17 @@ def test_a_file_a_server_has_not_is_a_missing_data_file_of_its_status(status: in
     error = not_served("https://host/x.mp4", status)
     assert isinstance(error, MissingDataFileError) and error.status == (status or 404)
     assert str(error).startswith(f"https://host/x.mp4: the server has no such file (HTTP {status or 404}): check")
+
+
+@pytest.mark.parametrize("unsure", [False, True])
+def test_a_change_told_by_a_412_alone_names_the_way_out_of_an_unreliable_if_match(unsure: bool) -> None:
+    error = changed_on_server("https://host/x.mp4", 'ETag "a" when opened, "b" now', if_match_unsure=unsure)
+    way_out = f" (or, if it did not change and the server's If-Match or ETags are unreliable, set {IF_MATCH_ENV}=0 to"
+    assert str(error).startswith(
+        'https://host/x.mp4 changed on the server while it was read (ETag "a" when opened, "b" now); re-open the '
+        "dataset" + (way_out if unsure else "")
+    )
+    assert (IF_MATCH_ENV in str(error)) is unsure
 
 
 class _SwallowingFake(FakeRemoteFileSystem):
