@@ -133,6 +133,8 @@ def _given_up_on(cause: BaseException) -> RemoteFileError:
         (RuntimeError("something else"), False),
         (FileNotFoundError("gone"), False),
         (PermissionError("denied"), False),
+        (PermissionError("s3://bucket/timeouts/x.mp4"), False),  # (a refusal naming a path, however named)
+        (OSError(errno.EIO, "Input/output error", "/data/timeouts/x.mp4"), False),  # (its strerror says, not its path)
         (ValueError("bad value"), False),
         (ValueError("timeout must be positive"), False),  # (a bad argument that names a timeout)
         (_given_up_on(FakeHTTPError(503, "unavailable")), True),  # (an inner retry loop's, of an outage)
