@@ -2724,3 +2724,28 @@ def test_a_stamp_asked_again_of_a_server_that_gives_no_content_length_uses_what_
             with pytest.raises(DatasetError, match=rf"f\.bin changed on the server while it was read \({before} when "
                                r"opened, etag:\S+ now: HTTP 412\); re-open the dataset$"):  # fmt: skip
                 fs.cat_file(url, start=0, end=10)
+
+
+def test_a_stamp_asked_again_of_a_server_that_compresses_takes_no_encoded_length_for_the_files_size(
+    tmp_path: Path, slept
+) -> None:
+    """A server that compresses what it sends whatever the Accept-Encoding asked gives the Content-Length of the
+    encoded body: no size of the file (fsspec's info leaves it so too). Where it gives no version either, the stamp
+    asked again is untold, not the encoded length's "N bytes now" for a change."""
+    import fsspec
+
+    from lerobot_dali.file_stamps import FileStamps
+    from lerobot_dali.remote_errors import StampUntold
+
+    (tmp_path / "f.bin").write_bytes(_DATA)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(2))
+        url = f"{server.url}/f.bin"
+        stamps = FileStamps(fs)
+        assert stamps[url].size == len(_DATA)
+        (tmp_path / "f.bin").write_bytes(_DATA[:1000])  # (as the encoded body's length would differ from the file's)
+        server.versions = False
+        server.file_headers = {"Content-Encoding": "gzip"}
+        server.fail_next(None, None, "no_range")  # (the HEAD, fsspec's GET, the ranged GET: whole, its length encoded)
+        with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):
+            stamps.change_now(url, vouching=True)
