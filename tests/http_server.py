@@ -48,9 +48,11 @@ __all__ = ["BYTERANGES_BOUNDARY", "HTTP_FAULT_KINDS", "FolderServer", "RequestRe
 #: for a read timeout, yet never finishes). ``shifted``: a range answered (206, honest headers) from one byte past the
 #: start asked, as long where the file allows (a cache answering another request's range). ``multipart``: a range
 #: answered (206) as ``multipart/byteranges`` of one part, its ``Content-Range`` in the part (RFC 9110 15.3.7.2 forbids
-#: it for a single range; a server or proxy that does it anyway).
+#: it for a single range; a server or proxy that does it anyway). ``whole_as_range``: the whole file (200), whatever
+#: the Range asked, with the ``Content-Range`` the range would have had (a proxy that keeps the origin's header).
 HTTP_FAULT_KINDS = (
-    "503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle", "shifted", "multipart"
+    "503", "429", "403", "404", "410", "drop", "stall", "short", "no_range", "trickle", "shifted", "multipart",
+    "whole_as_range",
 )  # fmt: skip
 _STATUS_FAULTS = ("503", "429", "403", "404", "410")
 
@@ -374,7 +376,9 @@ def _handler_for(server: FolderServer) -> type[BaseHTTPRequestHandler]:
                     416, "range not satisfiable", kind="range", extra={"Content-Range": f"bytes */{size}"}
                 )
                 return
-            if isinstance(span, tuple) and fault != "no_range":
+            if isinstance(span, tuple) and fault == "whole_as_range":
+                headers["Content-Range"] = f"bytes {span[0]}-{span[1] - 1}/{size}"
+            if isinstance(span, tuple) and fault not in ("no_range", "whole_as_range"):
                 start, stop = span
                 if fault == "short":  # an honest answer for fewer bytes than asked
                     stop = start + max(1, (stop - start) // 2)

@@ -2726,12 +2726,13 @@ def test_a_stamp_asked_again_of_a_server_that_gives_no_content_length_uses_what_
                 fs.cat_file(url, start=0, end=10)
 
 
-def test_a_stamp_asked_again_of_a_server_that_compresses_takes_no_encoded_length_for_the_files_size(
+def test_a_stamp_asked_again_takes_no_size_from_an_encoded_length_or_a_whole_answers_content_range(
     tmp_path: Path, slept
 ) -> None:
     """A server that compresses what it sends whatever the Accept-Encoding asked gives the Content-Length of the
-    encoded body: no size of the file (fsspec's info leaves it so too). Where it gives no version either, the stamp
-    asked again is untold, not the encoded length's "N bytes now" for a change."""
+    encoded body: no size of the file (fsspec's info leaves it so too); a whole file (200) answered to the first
+    byte's Range with a Content-Range (a proxy keeping the origin's header) does not say its size either. Where no
+    version is given either, the stamp asked again is untold, not "N bytes now" for a change or no change."""
     import fsspec
 
     from lerobot_dali.file_stamps import FileStamps
@@ -2747,5 +2748,10 @@ def test_a_stamp_asked_again_of_a_server_that_compresses_takes_no_encoded_length
         server.versions = False
         server.file_headers = {"Content-Encoding": "gzip"}
         server.fail_next(None, None, "no_range")  # (the HEAD, fsspec's GET, the ranged GET: whole, its length encoded)
+        with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):
+            stamps.change_now(url, vouching=True)
+        server.file_headers = {}
+        server.content_length = frozenset()
+        server.fail_next(None, None, "whole_as_range")  # (its Content-Range, beside a 200, says nothing of the file)
         with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):
             stamps.change_now(url, vouching=True)
