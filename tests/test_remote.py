@@ -271,13 +271,15 @@ def test_a_file_that_shrank_after_opening_says_it_changed(blob, retries: int) ->
 
 def test_bounds_that_cross_or_a_negative_seek_are_refused_before_any_request_and_an_empty_range_is_empty(blob) -> None:
     """``[-5, 100)`` of a 300,000-byte file crosses once the file's size is known (asked once: a Range sent as such is
-    ignored and answered whole); ``[5, 5)`` holds no byte; a seek before the file's start names the file."""
+    ignored and answered whole); ``[5, 5)`` holds no byte; a start before the file's start is its start, as in a
+    slice; a seek before the file's start names the file."""
     root, data = blob
     fake = FakeRemoteFileSystem(str(root))
     fs = RetryingFileSystem(fake, policy=FAST)
     with pytest.raises(ValueError, match=r"bytes \[299995, 100\) of blob\.bin asked: a range cannot start past"):
         fs.cat_file("blob.bin", start=-5, end=100)
     assert fs.cat_file("blob.bin", start=5, end=5) == b"" and fs.cat_file("blob.bin", -5, None) == data[-5:]
+    assert fs.cat_file("blob.bin", -400_000, 3) == data[-400_000:3] == data[:3]
     with fs.open("blob.bin", "rb") as f, pytest.raises(ValueError, match=r"negative seek position -1 in blob\.bin"):
         f.seek(-1)
 
