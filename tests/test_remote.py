@@ -336,6 +336,16 @@ def test_wrapper_pickles_and_leaves_local_alone(blob, tmp_path: Path) -> None:
     assert not isinstance(resolve_location(root).fs, RetryingFileSystem)
 
 
+def test_an_update_mode_open_goes_to_the_wrapped_filesystem_and_writes_its_bytes(blob) -> None:
+    """Only plain reads get a RetryingFile (read-only): ``r+b`` is a write too, opened by the wrapped filesystem."""
+    root, data = blob
+    fs = RetryingFileSystem(LocalFileSystem(), policy=FAST)
+    with fs.open(str(root / "blob.bin"), "r+b") as f:
+        f.seek(10)
+        f.write(b"xyz")
+    assert (root / "blob.bin").read_bytes() == data[:10] + b"xyz" + data[13:]
+
+
 def _read_all(reader) -> list[dict[str, np.ndarray]]:
     return [reader.read_episode(pos) for pos in range(len(LENGTHS))]
 
