@@ -2361,6 +2361,21 @@ def test_a_hub_range_is_asked_alone_and_once_per_try(tmp_path: Path, monkeypatch
     assert str(info.value).startswith(f"{path}: cat_file failed 3 time(s), the last with HfHubHTTPError: "), info.value
 
 
+def test_a_hub_range_with_bounds_past_the_files_ends_is_clipped_to_it(tmp_path: Path, monkeypatch) -> None:
+    """Bounds of a Hub range before the file's start (both from its end, the first larger than its size) or past its
+    end read as a slice of the file does, and the request asks for no byte past its end."""
+    from huggingface_hub import HfFileSystem
+
+    commit = "c0ffee" * 6 + "c0ff"
+    data = _hub_file_served(tmp_path, monkeypatch, commit, seed=10, waits=[])
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(HfFileSystem(endpoint=server.url, token=False), policy=RetryPolicy(retries=0))
+        path = f"datasets/user/ds@{commit}/f.bin"
+        assert fs.cat_file(path, start=-400_000, end=-299_990) == data[:10]  # (both from its end: no size asked)
+        assert fs.cat_file(path, start=299_990, end=400_000) == data[299_990:]
+        assert [r.range for r in server.records if r.method == "GET"] == ["bytes=0-9", "bytes=299990-299999"]
+
+
 def test_a_hub_file_block_answered_whole_is_named_not_retried(tmp_path: Path, monkeypatch) -> None:
     """A Hub block answered with the whole file (200: a Range ignored on the way) read as a response cut short: retried
     with the policy's waits, then "asked for bytes [...] and received N bytes". It is the Range's refusal, named with
