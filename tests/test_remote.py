@@ -553,6 +553,20 @@ def test_fsspecs_file_not_found_is_transient_or_unmasked_by_what_it_was_raised_f
         assert unmasked_error(e) is (cause if unmasked else e)
 
 
+def test_a_stamped_files_404_is_its_removal_to_a_read_and_its_absence_to_exists(blob) -> None:
+    """Only a request of a stamped file's bytes (open, read, cat_file) takes its 404 for the file's removal since it
+    was stamped; ``exists`` (an ``info``) asked of it answers False, as of any absent file."""
+    root, _ = blob
+    fake = FakeRemoteFileSystem(str(root))
+    fs = RetryingFileSystem(fake, policy=FAST)
+    fs.pin({"blob.bin": SimpleNamespace(size=300_000)})
+    (root / "blob.bin").unlink()
+    assert fs.exists("blob.bin") is False and fake.requests == {"info": 1}
+    with pytest.raises(DatasetError, match=r"blob\.bin changed on the server .*removed") as info:
+        fs.cat_file("blob.bin")
+    assert isinstance(info.value.__cause__, FileNotFoundError) and fake.requests == {"info": 1, "cat_file": 1}
+
+
 def test_a_401_or_403_is_a_refusal_and_one_without_a_status_is_named_403() -> None:
     assert [is_refused(FakeHTTPError(status, "no")) for status in (401, 403, 404)] == [True, True, False]
     assert [refused_error(error, "read", "x.mp4").status for error in (_HubError(401), PermissionError("no"))] == [
