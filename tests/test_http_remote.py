@@ -1089,6 +1089,31 @@ def test_a_server_trickling_a_block_fails_the_read_at_its_deadline(tmp_path: Pat
     ), str(info.value)
 
 
+def test_a_stamped_file_read_whole_has_the_deadline_of_its_stamped_size(tmp_path: Path) -> None:
+    """A file read whole is a request of unknown size (its deadline 60 s plus 256 MiB at 64 KiB/s) unless it is
+    stamped: then of its stamped size (here 128 KiB: 62 s)."""
+    from fsspec.implementations.http import HTTPFileSystem
+
+    from lerobot_dali.file_stamps import FileStamp
+
+    timeouts: list[float | None] = []
+
+    class Recording(HTTPFileSystem):
+        def cat_file(self, path, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def]
+            timeouts.append(kwargs.get("timeout"))
+            return super().cat_file(path, start=start, end=end, **kwargs)
+
+    data = bytes(range(256)) * 512
+    (tmp_path / "f.bin").write_bytes(data)
+    with serve_folder(tmp_path) as server:
+        url = f"{server.url}/f.bin"
+        fs = RetryingFileSystem(Recording(skip_instance_cache=True), policy=RetryPolicy(retries=0))
+        assert fs.cat_file(url) == data
+        fs.pin({url: FileStamp(len(data))})
+        assert fs.cat_file(url) == data
+    assert timeouts == [60.0 + 4096.0, 62.0]
+
+
 @pytest.mark.parametrize("call", ["glob", "ls", "isdir"])
 def test_a_server_trickling_a_folder_listing_fails_it_at_its_deadline(tmp_path: Path, monkeypatch, call: str) -> None:
     """fsspec reads a folder's whole index page (the episodes' folder, listed as a dataset opens): a server trickling
