@@ -500,31 +500,52 @@ def test_a_metadata_download_whose_connection_drops_is_retried_by_the_loaders_po
     ), said
 
 
+def _metadata_heads_timing_out(monkeypatch, timeouts: int) -> None:
+    """Make the first ``timeouts`` HEADs of metadata files (huggingface_hub's ``get_hf_file_metadata``) time out."""
+    import httpx2
+    import huggingface_hub.file_download as file_download
+
+    asked = []
+
+    def timing_out(*args: Any, **kwargs: Any) -> Any:
+        asked.append(1)
+        if len(asked) <= timeouts:
+            raise httpx2.ReadTimeout("timed out")
+        return real(*args, **kwargs)
+
+    real = file_download.get_hf_file_metadata
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", timing_out)
+
+
+@pytest.mark.parametrize("loader_tries", [1, 2])
 def test_a_metadata_file_whose_body_keeps_dropping_is_not_retried_past_huggingface_hubs_own_tries(
-    tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch, loader_tries: int
 ) -> None:
     """A metadata file's GET whose body drops is tried again by huggingface_hub itself (``http_get``: 6 tries from the
     byte it got to, 1 s apart): each of the loader's tries was those 6 GETs (36 with the default policy, a stalled one
     36 read timeouts, ~6 minutes), where its 503s are not stacked. Its 6 tries spent are the RemoteFileError, with no
-    wait of the loader's."""
+    wait of the loader's; after a try of the loader's whose HEAD timed out (twice: huggingface_hub asks twice a try),
+    7 tries in all, after one wait."""
     import huggingface_hub.file_download as file_download
 
     from tests.test_http_remote import _SleepsRecorded
 
+    _metadata_heads_timing_out(monkeypatch, 2 * (loader_tries - 1))
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
     monkeypatch.setattr(file_download, "time", _SleepsRecorded([]))  # (its waits between its tries, not slept)
     waits: list[float] = []
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
         server.fault_paths = {}
-        server.fail_next(None, None, None, *["drop"] * 6)  # (its repo_info, its listing, the file's HEAD, its GETs)
+        # (each try's repo_info, the first one's listing, the last one's HEAD of the file, its GETs)
+        server.fail_next(*[None] * (loader_tries + 2), *["drop"] * 6)
         with pytest.raises(RemoteFileError) as caught:
             resolve_location("user/ds", storage_options={"endpoint": server.url, "token": False})
         gets = [r.method for r in server.records if "/resolve/" in r.path].count("GET")
     assert str(caught.value).startswith(
-        "hf://datasets/user/ds/meta/: download failed 6 time(s), the last with RemoteProtocolError: "
+        f"hf://datasets/user/ds/meta/: download failed {5 + loader_tries} time(s), the last with RemoteProtocolError: "
     ), caught.value
     assert str(caught.value).endswith("huggingface_hub's own retries spent"), caught.value
-    assert (gets, waits, caught.value.status) == (6, [], None)
+    assert (gets, len(waits), caught.value.status) == (6, loader_tries - 1, None)
 
 
 @pytest.mark.parametrize("timeouts", [2, 6])
@@ -536,20 +557,8 @@ def test_a_metadata_files_head_that_times_out_is_retried_not_a_hub_that_could_no
     not be reached ... nor is it a local folder", where a dropped connection is retried. It is retried now: the
     dataset opens after one wait (2 timeouts: huggingface_hub asks twice a try), or, timing out every try, is the
     RemoteFileError after the retries (2 here)."""
-    import httpx2
-    import huggingface_hub.file_download as file_download
-
     monkeypatch.setenv("LEROBOT_DALI_REMOTE_RETRIES", "2")
-    asked = []
-
-    def timing_out(*args: Any, **kwargs: Any) -> Any:
-        asked.append(1)
-        if len(asked) <= timeouts:
-            raise httpx2.ReadTimeout("timed out")
-        return real(*args, **kwargs)
-
-    real = file_download.get_hf_file_metadata
-    monkeypatch.setattr(file_download, "get_hf_file_metadata", timing_out)
+    _metadata_heads_timing_out(monkeypatch, timeouts)
     waits: list[float] = []
     with _serving_hub_metadata(tmp_path, monkeypatch, waits) as server:
         server.fault_paths = {}
