@@ -284,6 +284,22 @@ def test_bounds_that_cross_or_a_negative_seek_are_refused_before_any_request_and
         f.seek(-1)
 
 
+class _WholeAnswers(FakeRemoteFileSystem):
+    """A fake whose ``cat_file`` answers any range with the whole file, as a server that ignores Range does."""
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
+        return super().cat_file(path, **kwargs)
+
+
+@pytest.mark.parametrize(("start", "end"), [(5, 10), (5, 5)])
+def test_a_range_answered_with_the_whole_file_is_named_not_handed_out_an_empty_one_too(blob, start, end) -> None:
+    """A filesystem that answers a range (``[5, 5)`` too, of no byte) with the whole file is named with the fix."""
+    root, _ = blob
+    fs = RetryingFileSystem(_WholeAnswers(str(root)), policy=FAST)
+    with pytest.raises(DatasetError, match=r"^blob\.bin: the server ignored an HTTP Range request"):
+        fs.cat_file("blob.bin", start=start, end=end)
+
+
 def test_a_first_retry_is_said_at_info_and_later_ones_at_warning(blob, caplog) -> None:
     """One blip is routine (INFO); a second retry of the same request is trouble worth seeing (WARNING)."""
     root, _ = blob
