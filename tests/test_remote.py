@@ -300,6 +300,21 @@ def test_a_range_answered_with_the_whole_file_is_named_not_handed_out_an_empty_o
         fs.cat_file("blob.bin", start=start, end=end)
 
 
+def test_the_stamps_pinned_last_answer_for_a_file_before_those_pinned_earlier(blob) -> None:
+    """A union's merged stamps pinned on its first dataset's filesystem, in place of that dataset's own: the file's
+    stamp is the later one's (its removal named by the size it had then); pinned again, a table moves to the front."""
+    from lerobot_dali.file_stamps import FileStamp
+
+    root, _ = blob
+    fs = RetryingFileSystem(FakeRemoteFileSystem(str(root)), policy=FAST)
+    own, merged = {"blob.bin": FileStamp(10)}, {"blob.bin": FileStamp(20)}
+    fs.pin(own)
+    fs.pin(merged)
+    assert "(20 bytes when opened, removed now)" in str(fs._removed("blob.bin"))
+    fs.pin(own)
+    assert "(10 bytes when opened, removed now)" in str(fs._removed("blob.bin")) and fs.pinned == (own, merged)
+
+
 def test_a_first_retry_is_said_at_info_and_later_ones_at_warning(blob, caplog) -> None:
     """One blip is routine (INFO); a second retry of the same request is trouble worth seeing (WARNING)."""
     root, _ = blob
