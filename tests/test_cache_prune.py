@@ -754,3 +754,16 @@ def test_without_a_usable_temporary_directory_the_last_cache_root_is_in_tmp(monk
 
     monkeypatch.setattr(tempfile, "gettempdir", none_usable)
     assert private_cache_roots()[-1] == Path(f"/tmp/lerobot_dali-{os.getuid()}")
+
+
+def test_a_file_is_the_same_only_on_the_same_device_and_inode(tmp_path: Path) -> None:
+    """Inode numbers repeat across filesystems: an entry whose folder is now another mount (a cache moved) with a
+    file of the same inode is another file, whose lock or deletion is not the opened one's."""
+    from lerobot_dali.cache_dirs import _same_file
+
+    entry = _file(tmp_path / "entry.json", 0)
+    opened = entry.stat()
+    elsewhere = os.stat_result((opened.st_mode, opened.st_ino, opened.st_dev + 1, *tuple(opened)[3:]))
+    assert _same_file(opened, entry) and not _same_file(elsewhere, entry)
+    entry.unlink()
+    assert not _same_file(opened, entry)
