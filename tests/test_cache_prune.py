@@ -26,6 +26,7 @@ from lerobot_dali.cache_dirs import (
     try_flock,
     wait_for_entry_lock,
     write_checksummed,
+    write_whole,
 )
 from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.new_folder import host_name
@@ -48,6 +49,12 @@ def _file(path: Path, days: float, size: int = 10) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(bytes(size))
     return _aged(path, days)
+
+
+def _write(entry: Path, data: bytes, *, exclusive: bool) -> None:
+    """``data`` written to ``entry`` by :func:`atomic_file`, as the stores write theirs."""
+    with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
+        out.write(data)
 
 
 def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_path: Path, monkeypatch, caplog) -> None:
@@ -533,8 +540,7 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(
     other_host.write_bytes(b"another host's")
     try:
         assert left.exists() and left.read_bytes() == b"half"
-        with atomic_file(entry, prefix=".entry.json.") as out:
-            out.write(b"whole")
+        _write(entry, b"whole", exclusive=False)
         assert entry.read_bytes() == b"whole"
         assert not left.exists()
         assert writing.exists() and other_host.exists()
@@ -598,14 +604,8 @@ def test_a_users_private_cache_roots_are_the_home_cache_then_the_temporary_one(t
 def test_an_entry_written_is_readable_by_the_other_users_sharing_the_cache(tmp_path: Path, exclusive: bool) -> None:
     """The temporary file is made private (0600): renamed as it is, another user's rank could not read the entry."""
     entry = tmp_path / "entry.json"
-    with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
-        out.write(b"whole")
+    _write(entry, b"whole", exclusive=exclusive)
     assert entry.read_bytes() == b"whole" and entry.stat().st_mode & 0o777 == 0o644
-
-
-def _write(entry: Path, data: bytes, *, exclusive: bool) -> None:
-    with atomic_file(entry, prefix=".entry.json.", exclusive=exclusive) as out:
-        out.write(data)
 
 
 @pytest.mark.parametrize(
@@ -736,8 +736,6 @@ def test_a_store_entry_not_written_says_what_to_do_about_its_folder(
 def test_write_whole_syncs_its_file_before_it_takes_the_name(tmp_path, monkeypatch) -> None:
     """A crash after the rename but before the data reach the disk left a zero-filled file of the right size, which
     a reader (a resumed run's record) took for whole."""
-    from lerobot_dali.cache_dirs import write_whole
-
     record = tmp_path / "record.json"
     synced: list[bytes] = []
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.pread(fd, 100, 0)))

@@ -16,7 +16,7 @@ import time
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import fsspec
 import numpy as np
@@ -47,6 +47,7 @@ from lerobot_dali.retry_policy import IF_MATCH_ENV, RETRIES_ENV, RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 from tests.test_iterator import DELTAS, _check_sample, _dataset, _samples
 
+_Error = TypeVar("_Error", bound=BaseException)
 FAST = RetryPolicy(retries=5, base_delay_s=0.0, max_delay_s=0.0)
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LENGTHS = [5, 1, 7, 4, 6]
@@ -98,11 +99,14 @@ class PoolTimeout(TimeoutException):
     pass
 
 
+def _raised_from(error: _Error, cause: BaseException) -> _Error:
+    error.__cause__ = cause  # (as fsspec's HTTP info raises FileNotFoundError(url) from its GET's error)
+    return error
+
+
 def _given_up_on(cause: BaseException) -> RemoteFileError:
     """The error of retries given up on ``cause`` (raised from it)."""
-    error = RemoteFileError("x.mp4: read failed 6 time(s)", 503)
-    error.__cause__ = cause
-    return error
+    return _raised_from(RemoteFileError("x.mp4: read failed 6 time(s)", 503), cause)
 
 
 @pytest.mark.parametrize(
@@ -625,11 +629,6 @@ def test_a_refusal_is_noted_once_however_often_it_is_seen() -> None:
 )
 def test_an_errors_first_line_is_its_first_said_line(message: str, line: str) -> None:
     assert first_line(RuntimeError(message)) == line
-
-
-def _raised_from(error: BaseException, cause: BaseException) -> BaseException:
-    error.__cause__ = cause  # (as fsspec's HTTP info raises FileNotFoundError(url) from its GET's error)
-    return error
 
 
 @pytest.mark.parametrize(

@@ -129,8 +129,9 @@ def test_a_run_still_writing_in_place_is_not_named_a_killed_ones_half_dataset(tm
 
 
 def test_a_folder_filled_by_a_run_that_finished_before_the_lock_is_refused_and_kept(tmp_path, monkeypatch) -> None:
-    """Between the check and the lock another run may write the folder and finish: a run taking the lock then wrote
-    into that dataset, and emptied it, the other's files too, if it failed. It is checked again under the lock."""
+    """Between the check and the lock another run may write the folder and finish: checked again under the lock, the
+    folder is taken (the run writes nothing there, so a failure empties none of the other's files), and said so, not
+    "another run is writing one there" (this run's own lock, read as another's)."""
     out = tmp_path / "out"
     out.mkdir()
     alone = new_folder._writing_alone
@@ -168,7 +169,6 @@ def test_a_failed_run_in_place_unlinks_a_folder_link_it_made_leaving_the_folder_
 
 def test_a_folder_on_a_filesystem_without_locks_is_written_in_place_without_one(tmp_path, monkeypatch) -> None:
     """NFS without its lock daemon answers flock with ENOLCK: no lock, but the dataset is written."""
-    import errno
     import fcntl
 
     def no_locks(fd: int, operation: int) -> None:
