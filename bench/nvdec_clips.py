@@ -1,6 +1,7 @@
 """DALI's video decoder on the loader's clips, by frames per clip and decoder threads: the loader sends one clip per
-sample and camera, and DALI makes a decoder for every clip, so this tells the cost of making decoders from that of
-decoding, and whether more threads make decoders faster. Prints one JSON object per (frames per clip, threads).
+sample and camera, and DALI sets up a decoder for every clip (a demuxer over it, its index, an NVDEC parser and
+frame buffers; the NVDEC decoder itself is leased from a cache), so this tells the cost of that set-up from that of
+decoding, and whether more threads make it faster. Prints one JSON object per (frames per clip, threads).
 
     PYTHONPATH=. python bench/nvdec_clips.py [DATASET] [--frames 1 4 16 64] [--threads 1 2 4 8 16] [--cpu]
 

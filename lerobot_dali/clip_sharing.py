@@ -1,8 +1,9 @@
 """Which samples of a batch decode one clip together, for cameras DALI decodes (made for NVDEC).
 
-DALI's GPU decoder makes a new NVDEC decoder for every sample it decodes (``fn.decoders.video``; torchcodec's
-developers measured 50-70 ms to make one on an H100), so a batch of one-frame windows spent ~32 ms per clip per DALI
-thread on an H200 (``bench/README.md``) where the frames themselves take well under 1 ms. Samples of a batch that
+DALI's GPU decoder sets up a decoder for every sample it decodes (``fn.decoders.video``: an FFmpeg demuxer over the
+clip and its frame index, a bitstream filter, an NVDEC parser and GPU frame buffers; the NVDEC decoder itself it
+leases from a cache), so a batch of one-frame windows spent ~32 ms per clip per DALI thread on an H200
+(``bench/README.md``) where the frames themselves take well under 1 ms. Samples of a batch that
 read one video file (a v3.0 file holds many episodes) can instead send one clip holding all their frames: its
 first sample decodes it, and the graph hands every sample of the group its own frames
 (:func:`~.dali_video.decode_shared_clips`).

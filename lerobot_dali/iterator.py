@@ -111,8 +111,8 @@ class DALILeRobotIterator:
       ``"gpu"``: NVDEC or fail; ``"cpu"``), ``num_workers`` (processes that read rows and decode on the CPU),
       ``dali_threads``, ``prefetch`` (batches DALI prepares ahead; the workers compute one batch each and
       ``prefetch`` more ahead, as /dev/shm allows), ``cpu_decode`` (the CPU decoder's options), ``share_clips``
-      (cameras DALI decodes: a batch's samples that read one video file decode one clip, since DALI makes an NVDEC
-      decoder per clip, ~30 ms each; off until measured on a GPU, where ``bench`` runs it beside the default).
+      (cameras DALI decodes: a batch's samples that read one video file decode one clip, since DALI sets up a
+      decoder for every clip, ~30 ms each; off until measured on a GPU, where ``bench`` runs it beside the default).
     * Remote datasets: ``cache_dir`` and ``cache_gb`` (the local cache episodes are prefetched into; 0: off).
     """
 
