@@ -24,6 +24,9 @@ from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _sampl
 #: test_iterator's dataset (5 episodes, two a file: data and video files 000 {0, 1}, 001 {2, 3}, 002 {4}) with its
 #: data files in reverse order.
 REVERSED = [[4], [2, 3], [0, 1]]
+#: Its episodes written in turn to two data files (as two writers would), so neither file's rows run on from one
+#: episode to the next: file-000 holds rows 0-4, 6-12 and 17-22.
+TAKEN_IN_TURN = [[0, 2, 4], [1, 3]]
 
 
 def out_of_episode_order(root: Path, data_files: Sequence[Sequence[int]]) -> Path:
@@ -57,14 +60,15 @@ def out_of_episode_order(root: Path, data_files: Sequence[Sequence[int]]) -> Pat
     return root
 
 
+@pytest.mark.parametrize("data_files", [REVERSED, TAKEN_IN_TURN], ids=["reversed", "taken_in_turn"])
 @pytest.mark.parametrize(("codec", "route"), [("vp9", "dali_cpu"), ("h264", "cpu_fallback")])
 def test_each_sample_reads_its_episodes_rows_and_frames_from_files_out_of_episode_order(
-    make_ds, copy_ds, codec: str, route: str
+    make_ds, copy_ds, codec: str, route: str, data_files: list[list[int]]
 ) -> None:
-    """Data files 000 {4}, 001 {2, 3}, 002 {0, 1}; camera 0's files 000 {4}, 001 {0, 1}, 002 {2, 3}; camera 1's 000
+    """Data files as ``data_files`` lays them out; camera 0's files 000 {4}, 001 {0, 1}, 002 {2, 3}; camera 1's 000
     {2, 3}, 001 {4}, 002 {0, 1}: every sample's rows, windows and frames are its own episode's (index, state, action,
     task and both cameras' markers by hand), in dataset order, each frame once; a shuffled epoch too."""
-    root = out_of_episode_order(copy_ds(_dataset(make_ds, codec)), REVERSED)
+    root = out_of_episode_order(copy_ds(_dataset(make_ds, codec)), data_files)
     every = [(e, f) for e, n in enumerate(LENGTHS) for f in range(n)]
     for shuffle in (False, True):
         it = DALILeRobotIterator(
