@@ -483,7 +483,7 @@ def _read_v3(table: pa.Table, source: str, video_keys: list[str]) -> EpisodeTabl
     chunk = _i64(table, "data/chunk_index", source)
     file = _i64(table, "data/file_index", source)
     file_id = _file_ids(chunk, file)
-    row_start = _row_start_in_file(file_id, from_index)
+    row_start = _row_start_in_file(file_id, from_index, length)
     tasks = (
         table["tasks"].combine_chunks()
         if "tasks" in table.column_names
@@ -626,11 +626,18 @@ def _rows_per_file(file_id: np.ndarray, length: np.ndarray) -> np.ndarray:
     return np.bincount(file_id, weights=length).astype(np.int64)[file_id]
 
 
-def _row_start_in_file(file_id: np.ndarray, from_index: np.ndarray) -> np.ndarray:
-    """Episodes of one data file are stored back to back, so a file's first row is its smallest global index."""
-    first = np.full(file_id.max() + 1 if file_id.size else 0, np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first, file_id, from_index)
-    return from_index - first[file_id]
+def _row_start_in_file(file_id: np.ndarray, from_index: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """Episodes of one data file are stored back to back in the order of their global indices, so an episode's first
+    row there is the rows of the file's episodes before it. Its global index less the file's smallest is that only
+    where the file's episodes are consecutive ones: with episodes written in turn to two files (one holding rows 0-4,
+    6-12 and 17-22) it read another episode's rows, refused as disagreeing with the metadata. (0.04 s at 1,000,000
+    episodes; 0.01 s so.)"""
+    order = np.lexsort((from_index, file_id))
+    in_order = file_id[order]
+    before = np.cumsum(length[order]) - length[order]  # (rows of the files before, and of the file's before it)
+    start = np.empty_like(from_index)
+    start[order] = before - before[np.searchsorted(in_order, in_order)]
+    return start
 
 
 def _check_lengths(

@@ -30,6 +30,7 @@ from lerobot_dali.packet_index import build_packet_index
 from tests.conftest import shared_dataset
 from tests.http_server import serve_folder
 from tests.test_corrupt_frames import _damage_keyframe
+from tests.test_file_order import out_of_episode_order
 
 FPS = 10
 #: H.264 with B-frames, two cameras, two episodes per file: file-000 holds episodes 0-1, file-001 2-3, file-002 4.
@@ -365,6 +366,22 @@ def test_real_datasets_by_each_timestamp_source() -> None:
     # 10 fps rows over 25 fps video: half a frame of tolerance reads every row.
     rest = check_dataset(open_dataset(r1, keys=["action"]), tolerance_s=0.0201, decode=True)
     assert rest.ok and (rest.rows, rest.frames_decoded) == (790, 790)
+
+
+def test_problems_are_listed_by_episode_where_the_data_files_hold_the_episodes_in_reverse(make_ds, copy_ds) -> None:
+    """Data files 000 {4}, 001 {2, 3}, 002 {0, 1} (and the video files out of order too): the episodes are checked a
+    data file at a time, so episode 4's problem is found first; the list is in episode order, then camera."""
+    root = out_of_episode_order(copy_ds(make_ds(**SPEC)), [[4], [2, 3], [0, 1]])
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 0, lambda v: v + 0.5 / FPS))
+    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: np.where(np.arange(len(v)) == 0, 99, v)))
+    report = check_dataset(open_dataset(root), workers=0)
+    assert [(p.episode_index, p.camera, p.error) for p in report.problems] == [
+        (0, CAM0, "FrameTimestampError"),
+        (0, CAM1, "FrameTimestampError"),
+        (4, None, "EpisodeMetadataError"),
+    ]
+    assert "file-000.parquet" in report.problems[2].message
+    assert (report.episodes, report.rows, report.video_files) == (5, 60, 6)
 
 
 def test_the_command_exits_by_what_it_found(make_ds, copy_ds, capsys) -> None:

@@ -332,7 +332,11 @@ def test_an_episode_tables_data_files_by_hand() -> None:
     table = _hand_table()
     assert table.data_file_ids().tolist() == [0, 0, 2, 2, 1]
     assert table.rows_read_per_data_file().tolist() == [5, 5, 7, 7, 1]
-    assert episode_table._row_start_in_file(table.data_file_ids(), table.dataset_from_index).tolist() == [0, 3, 0, 4, 0]
+    row_start = episode_table._row_start_in_file
+    assert row_start(table.data_file_ids(), table.dataset_from_index, table.length).tolist() == [0, 3, 0, 4, 0]
+    # Episodes written in turn to two files (0, 2, 4 and 1, 3): each file's back to back, in global index order.
+    assert row_start(np.array([0, 1, 0, 1, 0]), table.dataset_from_index, table.length).tolist() == [0, 0, 3, 2, 7]
+    assert row_start(np.array([0, 0]), np.array([4, 0]), np.array([2, 4])).tolist() == [4, 0]
     assert table.first_of_each_data_file().tolist() == [0, 2, 4]
     assert table.first_of_each_data_file(np.array([False, True, True, True, True])).tolist() == [1, 2, 4]
     [(low, high)] = table.data_file_spans(table.dataset_from_index)
