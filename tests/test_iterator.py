@@ -65,9 +65,10 @@ DELTAS = {
 }
 
 
-def _dataset(make_ds, codec: str, size: tuple[int, int] | None = None) -> Path:
-    """The tests' dataset; ``size`` only for GPU tests (NVDEC's minimum sizes), so CPU tests share one."""
-    extra = {} if size is None else {"size": size}
+def _dataset(make_ds, codec: str, size: tuple[int, int] | None = None, **spec: Any) -> Path:
+    """The tests' dataset; ``size`` only for GPU tests (NVDEC's minimum sizes), so CPU tests share one; ``spec``: other
+    arguments of ``make_dataset`` (``version="v2.1"``)."""
+    extra = spec if size is None else {"size": size, **spec}
     return make_ds(
         episodes=5, frames_per_episode=LENGTHS, cameras=2, codec=codec, fps=FPS, episodes_per_file=2, gop=4, **extra
     )

@@ -1,0 +1,94 @@
+"""Valid layouts no generated dataset has but Hub datasets do: episode indices with gaps or not starting at 0
+(episodes deleted without renumbering). Each set is test_iterator's dataset rewritten, so its samples are checked by
+``_check_sample`` (rows by the generator's formulas, frames by their markers)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali import open_dataset
+from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.iterator import DALILeRobotIterator
+from tests.test_cli import _info_json
+from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
+
+#: Episodes kept of test_iterator's 5: a gap (episode 2 deleted), and a gap with no episode 0 (0, 1 and 3 deleted).
+KEPT = {"gap": [0, 1, 3], "from_2": [2, 4]}
+
+
+def without_episodes(root: Path, kept: Sequence[int]) -> Path:
+    """``root`` (a writable copy of test_iterator's dataset, v3.0 or v2.1) holding only the episodes ``kept``, as a
+    hand edit or a tool that does not renumber leaves it: the others' rows, metadata and v2.1 files gone (a v3.0 data
+    file left with no rows too), info.json's totals counting the kept; each kept episode keeps its episode_index, its
+    rows' ``index`` (and v3.0 ``dataset_from_index``), its files and its seconds of them."""
+    keep = pa.array(kept, pa.int64())
+    for path in (root / "data").rglob("*.parquet"):
+        rows = pq.read_table(path)
+        if pc.any(pc.is_in(rows["episode_index"], keep)).as_py():
+            pq.write_table(rows.filter(pc.is_in(rows["episode_index"], keep)), path)
+        else:
+            path.unlink()
+    for path in (root / "meta/episodes").rglob("*.parquet"):  # (v3.0)
+        table = pq.read_table(path)
+        pq.write_table(table.filter(pc.is_in(table["episode_index"], keep)), path)
+    for path in (root / "meta").glob("episodes*.jsonl"):  # (v2.1: episodes.jsonl, episodes_stats.jsonl)
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join(line for line in lines if json.loads(line)["episode_index"] in kept))
+    for path in (root / "videos").rglob("episode_*.mp4"):  # (v2.1)
+        if int(path.stem.removeprefix("episode_")) not in kept:
+            path.unlink()
+    info = json.loads((root / "meta/info.json").read_text())
+    info.update(total_episodes=len(kept), total_frames=sum(LENGTHS[e] for e in kept))
+    if info["codebase_version"] == "v2.1":
+        info["total_videos"] = 2 * len(kept)
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    return root
+
+
+@pytest.fixture(params=["v3.0", "v2.1"])
+def version(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("kept", KEPT.values(), ids=KEPT.keys())
+def test_episodes_deleted_without_renumbering_read_each_kept_frame_once_as_its_own(
+    make_ds, copy_ds, version: str, kept: list[int]
+) -> None:
+    """Every sample of an epoch is its own episode's (index, state, action, task, windows and both cameras' markers
+    by hand), each kept frame once, in episode order unshuffled and in another shuffled; ``episodes=`` of the kept
+    ones reads those alone."""
+    root = without_episodes(copy_ds(_dataset(make_ds, "vp9", version=version)), kept)
+    for shuffle, episodes in ((False, None), (True, None), (False, kept[1:])):
+        it = DALILeRobotIterator(
+            root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
+            device="cpu", num_workers=0, drop_last=False, episodes=episodes,
+        )  # fmt: skip
+        samples = _samples(it)
+        it.close()
+        every = [(e, f) for e in episodes or kept for f in range(LENGTHS[e])]
+        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
+        for s in samples:
+            _check_sample(s)
+
+
+def test_check_and_info_read_the_kept_episodes_and_probe_the_first_of_them(make_ds, copy_ds, version, capsys) -> None:
+    """check reads the 2 kept episodes' 13 rows and their 2 files a camera, finding nothing; info counts those files
+    and probes episode 2's video (v2.1's episode_000002.mp4, 7 frames; v3.0's file-001, with episode 3's, 11), not a
+    deleted episode's (v2.1's episode_000000.mp4 is gone)."""
+    root = without_episodes(copy_ds(_dataset(make_ds, "vp9", version=version)), KEPT["from_2"])
+    report = check_dataset(open_dataset(root), workers=0)
+    assert report.ok and (report.episodes, report.rows, report.video_files) == (2, 13, 4)
+    info = _info_json(capsys, str(root))
+    assert (info["total_episodes"], info["data_files"], info["episodes_per_data_file"]) == (2, 2, {"min": 1, "max": 1})
+    for camera in info["cameras"].values():
+        assert (camera["video_files"], camera["episodes_per_file"]) == (2, {"min": 1, "max": 1})
+        assert camera["frame_count"] == (LENGTHS[2] if version == "v2.1" else LENGTHS[2] + LENGTHS[3])
