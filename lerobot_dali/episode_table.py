@@ -45,6 +45,22 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
+def _index_span(indices: np.ndarray) -> str:
+    """Sorted episode indices as "0..11", or with the gaps named (episodes deleted without renumbering): "0..11 but
+    for 3 and 5..7", the first 3 gaps then "and N more gaps"."""
+    span = f"{int(indices[0])}..{int(indices[-1])}"
+    after = np.flatnonzero(np.diff(indices) > 1)
+    if not after.size:
+        return span
+    gaps = [
+        f"{first}" if first == last else f"{first}..{last}"
+        for first, last in zip((indices[after] + 1).tolist(), (indices[after + 1] - 1).tolist(), strict=True)
+    ]
+    more = [f"{len(gaps) - 3} more gaps"] if len(gaps) > 3 else gaps[-1:]
+    named = gaps[: min(3, len(gaps) - 1)]
+    return f"{span} but for {', '.join(named)}{' and ' if named else ''}{more[0]}"
+
+
 @dataclass(frozen=True)
 class CameraFiles:
     """Per episode (aligned with ``EpisodeTable`` rows): which video file, and where in it the episode starts."""
@@ -202,8 +218,8 @@ class EpisodeTable:
         if absent.size:
             raise DatasetError(
                 f"{where}episodes {absent[:10].tolist()}{' ...' if absent.size > 10 else ''} are not in this dataset, "
-                f"which holds {len(self)} episodes with indices {int(self.episode_index[0])}.."
-                f"{int(self.episode_index[-1])}: pass episodes=[...] of those (on the command line --episodes N ...)"
+                f"which holds {len(self)} episodes with indices {_index_span(self.episode_index)}: pass "
+                "episodes=[...] of those (on the command line --episodes N ...)"
             )
         columns = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tasks", "cameras")}
         cameras = {

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from lerobot_dali import open_dataset
 from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 from tests.test_cli import _info_json
 from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
@@ -78,6 +80,23 @@ def test_episodes_deleted_without_renumbering_read_each_kept_frame_once_as_its_o
         assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
         for s in samples:
             _check_sample(s)
+
+
+@pytest.mark.parametrize(
+    ("kept", "asked", "indices"), [(KEPT["gap"], [2], "0..3 but for 2"), (KEPT["from_2"], [3, 0], "2..4 but for 3")],
+    ids=KEPT.keys(),
+)  # fmt: skip
+def test_asking_a_deleted_episode_names_the_gaps(
+    make_ds, copy_ds, version: str, kept: list[int], asked: list[int], indices: str
+) -> None:
+    """It said the dataset held the episodes "with indices 0..3" where episode 2, inside that span, was the one asked
+    and refused; the indices missing from the span are named."""
+    root = without_episodes(copy_ds(_dataset(make_ds, "vp9", version=version)), kept)
+    said = (
+        f"episodes {sorted(asked)} are not in this dataset, which holds {len(kept)} episodes with indices {indices}: "
+    )
+    with pytest.raises(DatasetError, match=re.escape(said + "pass episodes=[...] of those")):
+        open_dataset(root, episodes=asked)
 
 
 def test_check_and_info_read_the_kept_episodes_and_probe_the_first_of_them(make_ds, copy_ds, version, capsys) -> None:
