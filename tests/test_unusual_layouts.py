@@ -1,5 +1,6 @@
 """Valid layouts no generated dataset has but Hub datasets do: episode indices with gaps or not starting at 0
-(episodes deleted without renumbering). Each set is test_iterator's dataset rewritten, so its samples are checked by
+(episodes deleted without renumbering); v3.0 files in several chunks, meta/episodes split over files and chunks out of
+episode order. Each set is test_iterator's dataset rewritten, so its samples are checked by
 ``_check_sample`` (rows by the generator's formulas, frames by their markers)."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -24,6 +25,9 @@ from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _sampl
 
 #: Episodes kept of test_iterator's 5: a gap (episode 2 deleted), and a gap with no episode 0 (0, 1 and 3 deleted).
 KEPT = {"gap": [0, 1, 3], "from_2": [2, 4]}
+#: meta/episodes files (chunk, file) of test_iterator's dataset with chunks_size=2, and the episodes of each, in the
+#: rows' order: none holds the episodes of the data file of its name, and the files sort out of episode order.
+EPISODE_FILES = {(1, 0): [1, 0], (0, 0): [4], (0, 1): [3, 2]}
 
 
 def without_episodes(root: Path, kept: Sequence[int]) -> Path:
@@ -55,31 +59,55 @@ def without_episodes(root: Path, kept: Sequence[int]) -> Path:
     return root
 
 
+def episode_metadata_in_files(root: Path, files: Mapping[tuple[int, int], Sequence[int]]) -> Path:
+    """``root`` (a writable copy of a generated v3.0 dataset, its meta/episodes one file) with the rows of the
+    episodes ``files[(c, f)]`` in meta/episodes/chunk-c/file-f.parquet, in that order, each row's
+    ``meta/episodes/chunk_index`` and ``file_index`` naming its file, as LeRobot writes them."""
+    path = root / "meta/episodes/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    path.unlink()
+    for (chunk, file), episodes in files.items():
+        rows = table.take(pa.array(episodes, pa.int64()))
+        for name, value in (("chunk_index", chunk), ("file_index", file)):
+            column = f"meta/episodes/{name}"
+            rows = rows.set_column(rows.column_names.index(column), column, pa.array([value] * len(rows), pa.int64()))
+        path = root / f"meta/episodes/chunk-{chunk:03d}/file-{file:03d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows, path)
+    return root
+
+
 @pytest.fixture(params=["v3.0", "v2.1"])
 def version(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+def assert_each_frame_read_once_as_its_own(root: Path, episodes: Sequence[int], *, selected: bool = False) -> None:
+    """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``)
+    holds each frame of ``episodes`` once, in episode order unshuffled and in another order shuffled, every sample its
+    own episode's (index, state, action, task, windows and both cameras' markers by hand)."""
+    every = [(e, f) for e in episodes for f in range(LENGTHS[e])]
+    for shuffle in (False, True):
+        it = DALILeRobotIterator(
+            root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
+            device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None,
+        )  # fmt: skip
+        samples = _samples(it)
+        it.close()
+        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
+        for s in samples:
+            _check_sample(s)
 
 
 @pytest.mark.parametrize("kept", KEPT.values(), ids=KEPT.keys())
 def test_episodes_deleted_without_renumbering_read_each_kept_frame_once_as_its_own(
     make_ds, copy_ds, version: str, kept: list[int]
 ) -> None:
-    """Every sample of an epoch is its own episode's (index, state, action, task, windows and both cameras' markers
-    by hand), each kept frame once, in episode order unshuffled and in another shuffled; ``episodes=`` of the kept
-    ones reads those alone."""
+    """Epochs of the whole dataset and of ``episodes=`` all kept but the first."""
     root = without_episodes(copy_ds(_dataset(make_ds, "vp9", version=version)), kept)
-    for shuffle, episodes in ((False, None), (True, None), (False, kept[1:])):
-        it = DALILeRobotIterator(
-            root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
-            device="cpu", num_workers=0, drop_last=False, episodes=episodes,
-        )  # fmt: skip
-        samples = _samples(it)
-        it.close()
-        every = [(e, f) for e in episodes or kept for f in range(LENGTHS[e])]
-        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
-        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
-        for s in samples:
-            _check_sample(s)
+    assert_each_frame_read_once_as_its_own(root, kept)
+    assert_each_frame_read_once_as_its_own(root, kept[1:], selected=True)
 
 
 @pytest.mark.parametrize(
@@ -111,3 +139,22 @@ def test_check_and_info_read_the_kept_episodes_and_probe_the_first_of_them(make_
     for camera in info["cameras"].values():
         assert (camera["video_files"], camera["episodes_per_file"]) == (2, {"min": 1, "max": 1})
         assert camera["frame_count"] == (LENGTHS[2] if version == "v2.1" else LENGTHS[2] + LENGTHS[3])
+
+
+def test_v3_files_in_several_chunks_with_episode_metadata_split_out_of_order_read_each_frame_once(
+    make_ds, copy_ds, capsys
+) -> None:
+    """chunks_size=2: data and video files chunk-000/file-000 {0, 1}, chunk-000/file-001 {2, 3}, chunk-001/file-000
+    {4}; meta/episodes chunk-000/file-000 {4}, chunk-000/file-001 {3, 2}, chunk-001/file-000 {1, 0}. An epoch reads
+    every frame once as its own, and check and info read the 5 episodes, 3 files each and episode 0's video."""
+    root = copy_ds(_dataset(make_ds, "vp9", chunks_size=2))
+    assert (root / "data/chunk-001/file-000.parquet").is_file()  # (the generator rolls chunks as LeRobot does)
+    episode_metadata_in_files(root, EPISODE_FILES)
+    assert_each_frame_read_once_as_its_own(root, range(5))
+    report = check_dataset(open_dataset(root), workers=0)
+    assert report.ok and (report.episodes, report.rows, report.video_files) == (5, sum(LENGTHS), 6)
+    info = _info_json(capsys, str(root))
+    assert (info["data_files"], info["episodes_per_data_file"]) == (3, {"min": 1, "max": 2})
+    for camera in info["cameras"].values():
+        assert (camera["video_files"], camera["episodes_per_file"]) == (3, {"min": 1, "max": 2})
+        assert camera["frame_count"] == LENGTHS[0] + LENGTHS[1]
