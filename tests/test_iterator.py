@@ -86,8 +86,9 @@ def _samples(it: DALILeRobotIterator) -> list[dict]:
     return out
 
 
-def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
-    """Every value of one sample against LeRobot semantics computed by hand."""
+def _check_sample(s: dict, size: tuple[int, int] = (96, 128), size1: tuple[int, int] | None = None) -> None:
+    """Every value of one sample against LeRobot semantics computed by hand; camera 1's frames ``size1`` (where it
+    differs from camera 0's ``size``)."""
     ep, f = int(s["episode_index"]), int(s["frame_index"])
     n = LENGTHS[ep]
     assert int(s["index"]) == sum(LENGTHS[:ep]) + f
@@ -113,7 +114,7 @@ def _check_sample(s: dict, size: tuple[int, int] = (96, 128)) -> None:
     ]
     assert s["observation.images.cam0_is_pad"].tolist() == [not 0 <= q < n for q in query]
     frame1 = s["observation.images.cam1"]  # no deltas: squeezed to (C, H, W)
-    assert frame1.shape == (3, *size)
+    assert frame1.shape == (3, *(size1 or size))
     assert tuple(read_full_marker(_as_hwc_uint8(frame1))) == (ep, f, 1)
 
 

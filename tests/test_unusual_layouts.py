@@ -1,15 +1,17 @@
 """Valid layouts no generated dataset has but Hub datasets do: episode indices with gaps or not starting at 0
 (episodes deleted without renumbering); v3.0 files in several chunks, meta/episodes split over files and chunks out of
-episode order. Each set is test_iterator's dataset rewritten, so its samples are checked by
-``_check_sample`` (rows by the generator's formulas, frames by their markers)."""
+episode order; cameras of different sizes and codecs. Each set is test_iterator's dataset rewritten, so its samples
+are checked by ``_check_sample`` (rows by the generator's formulas, frames by their markers)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +25,7 @@ from lerobot_dali.iterator import DALILeRobotIterator
 from tests.test_cli import _info_json
 from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
 
+CAM1 = "observation.images.cam1"
 #: Episodes kept of test_iterator's 5: a gap (episode 2 deleted), and a gap with no episode 0 (0, 1 and 3 deleted).
 KEPT = {"gap": [0, 1, 3], "from_2": [2, 4]}
 #: meta/episodes files (chunk, file) of test_iterator's dataset with chunks_size=2, and the episodes of each, in the
@@ -77,27 +80,46 @@ def episode_metadata_in_files(root: Path, files: Mapping[tuple[int, int], Sequen
     return root
 
 
+def camera_from(root: Path, other: Path, camera: str) -> Path:
+    """``root`` (a writable copy of a generated v3.0 dataset) with ``camera``'s video files and info.json feature
+    those of ``other`` (generated with the same episodes and files, at another size or codec)."""
+    shutil.rmtree(root / "videos" / camera)
+    shutil.copytree(other / "videos" / camera, root / "videos" / camera)
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"][camera] = json.loads((other / "meta/info.json").read_text())["features"][camera]
+    (root / "meta/info.json").write_text(json.dumps(info, indent=4))
+    return root
+
+
 @pytest.fixture(params=["v3.0", "v2.1"])
 def version(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def assert_each_frame_read_once_as_its_own(root: Path, episodes: Sequence[int], *, selected: bool = False) -> None:
-    """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``)
-    holds each frame of ``episodes`` once, in episode order unshuffled and in another order shuffled, every sample its
-    own episode's (index, state, action, task, windows and both cameras' markers by hand)."""
+def assert_each_frame_read_once_as_its_own(
+    root: Path,
+    episodes: Sequence[int],
+    *,
+    selected: bool = False,
+    sizes: tuple[tuple[int, int], tuple[int, int]] = ((96, 128), (96, 128)),
+    **options: Any,
+) -> None:
+    """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``;
+    other iterator ``options``) holds each frame of ``episodes`` once, in episode order unshuffled and in another
+    order shuffled, every sample its own episode's (index, state, action, task, windows and both cameras' markers by
+    hand, camera k's frames ``sizes[k]``)."""
     every = [(e, f) for e in episodes for f in range(LENGTHS[e])]
     for shuffle in (False, True):
         it = DALILeRobotIterator(
             root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
-            device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None,
+            device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None, **options,
         )  # fmt: skip
         samples = _samples(it)
         it.close()
         keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
         assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
         for s in samples:
-            _check_sample(s)
+            _check_sample(s, *sizes)
 
 
 @pytest.mark.parametrize("kept", KEPT.values(), ids=KEPT.keys())
@@ -158,3 +180,16 @@ def test_v3_files_in_several_chunks_with_episode_metadata_split_out_of_order_rea
     for camera in info["cameras"].values():
         assert (camera["video_files"], camera["episodes_per_file"]) == (3, {"min": 1, "max": 2})
         assert camera["frame_count"] == LENGTHS[0] + LENGTHS[1]
+
+
+@pytest.mark.parametrize("image_size", [None, (48, 64)])
+def test_cameras_of_different_sizes_and_codecs_read_each_at_its_size_or_the_one_asked(
+    make_ds, copy_ds, capsys, image_size: tuple[int, int] | None
+) -> None:
+    """Camera 0 VP9 96x128 (DALI's CPU decoder), camera 1 H.264 64x96 (the workers): each camera's frames come at its
+    own size, or both at ``image_size``, every one its episode's; info names each camera's codec and size."""
+    root = camera_from(copy_ds(_dataset(make_ds, "vp9")), _dataset(make_ds, "h264", size=(64, 96)), CAM1)
+    sizes = ((96, 128), (64, 96)) if image_size is None else (image_size, image_size)
+    assert_each_frame_read_once_as_its_own(root, range(5), sizes=sizes, image_size=image_size)
+    cameras = _info_json(capsys, str(root))["cameras"]
+    assert [(c["codec"], c["resolution"]) for c in cameras.values()] == [("vp9", [96, 128]), ("h264", [64, 96])]
