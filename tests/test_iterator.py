@@ -86,29 +86,36 @@ def _samples(it: DALILeRobotIterator) -> list[dict]:
     return out
 
 
-def _check_sample(s: dict, size: tuple[int, int] = (96, 128), size1: tuple[int, int] | None = None) -> None:
+def _check_sample(
+    s: dict,
+    size: tuple[int, int] = (96, 128),
+    size1: tuple[int, int] | None = None,
+    *,
+    lengths: list[int] = LENGTHS,
+    deltas: dict[str, list[float]] = DELTAS,
+) -> None:
     """Every value of one sample against LeRobot semantics computed by hand; camera 1's frames ``size1`` (where it
-    differs from camera 0's ``size``)."""
+    differs from camera 0's ``size``); a dataset of episodes ``lengths`` read with ``deltas`` (keys as DELTAS')."""
     ep, f = int(s["episode_index"]), int(s["frame_index"])
-    n = LENGTHS[ep]
-    assert int(s["index"]) == sum(LENGTHS[:ep]) + f
+    n = lengths[ep]
+    assert int(s["index"]) == sum(lengths[:ep]) + f
     assert float(s["timestamp"]) == pytest.approx(f / FPS, abs=1e-6)
     assert int(s["task_index"]) == expected_task_index(ep) and s["task"] == task_name(expected_task_index(ep))
     for key in ("index", "episode_index", "frame_index", "task_index"):
         assert s[key].dtype == torch.int64, key
     assert s["timestamp"].dtype == torch.float32
-    for key, deltas, formula, dim in (
-        ("observation.state", DELTAS["observation.state"], expected_state, 6),
-        ("action", DELTAS["action"], expected_action, 7),
+    for key, offsets, formula, dim in (
+        ("observation.state", deltas["observation.state"], expected_state, 6),
+        ("action", deltas["action"], expected_action, 7),
     ):
-        query = [f + round(d * FPS) for d in deltas]
+        query = [f + round(d * FPS) for d in offsets]
         rows = [min(max(q, 0), n - 1) for q in query]
         np.testing.assert_array_equal(s[key].numpy(), np.stack([formula(ep, r, dim) for r in rows]))
         assert s[f"{key}_is_pad"].tolist() == [not 0 <= q < n for q in query]
         assert s[f"{key}_is_pad"].dtype == torch.bool
-    query = [f + round(d * FPS) for d in DELTAS["observation.images.cam0"]]
+    query = [f + round(d * FPS) for d in deltas["observation.images.cam0"]]
     frames0 = s["observation.images.cam0"]
-    assert frames0.shape == (2, 3, *size) and frames0.dtype == torch.float32
+    assert frames0.shape == (len(query), 3, *size) and frames0.dtype == torch.float32
     assert [tuple(read_full_marker(_as_hwc_uint8(x))) for x in frames0] == [
         (ep, min(max(q, 0), n - 1), 0) for q in query
     ]

@@ -1,7 +1,8 @@
 """Valid layouts no generated dataset has but Hub datasets do: episode indices with gaps or not starting at 0
 (episodes deleted without renumbering); v3.0 files in several chunks, meta/episodes split over files and chunks out of
-episode order; cameras of different sizes and codecs. Each set is test_iterator's dataset rewritten, so its samples
-are checked by ``_check_sample`` (rows by the generator's formulas, frames by their markers)."""
+episode order; cameras of different sizes and codecs; episodes of 1 and 2 frames under windows past both ends. Each
+set is test_iterator's dataset (or one like it) rewritten, so its samples are checked by ``_check_sample`` (rows by
+the generator's formulas, frames by their markers)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ KEPT = {"gap": [0, 1, 3], "from_2": [2, 4]}
 #: meta/episodes files (chunk, file) of test_iterator's dataset with chunks_size=2, and the episodes of each, in the
 #: rows' order: none holds the episodes of the data file of its name, and the files sort out of episode order.
 EPISODE_FILES = {(1, 0): [1, 0], (0, 0): [4], (0, 1): [3, 2]}
+#: Episodes of 1 and 2 frames among longer ones (files {0, 1} and {2, 3}: the 1-frame one ends its file, the
+#: 2-frame one starts its own), and windows reaching past both ends of each (all but the camera's of the 5-frame one).
+SHORT = [4, 1, 2, 5]
+WIDE = {
+    "observation.state": [-0.3, 0.0, 0.3],
+    "action": [-0.1, 0.0, 0.1, 0.2],
+    "observation.images.cam0": [-0.2, 0.0, 0.2],
+}
 
 
 def without_episodes(root: Path, kept: Sequence[int]) -> Path:
@@ -102,16 +111,18 @@ def assert_each_frame_read_once_as_its_own(
     *,
     selected: bool = False,
     sizes: tuple[tuple[int, int], tuple[int, int]] = ((96, 128), (96, 128)),
+    lengths: list[int] = LENGTHS,
+    deltas: dict[str, list[float]] = DELTAS,
     **options: Any,
 ) -> None:
     """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``;
     other iterator ``options``) holds each frame of ``episodes`` once, in episode order unshuffled and in another
-    order shuffled, every sample its own episode's (index, state, action, task, windows and both cameras' markers by
-    hand, camera k's frames ``sizes[k]``)."""
-    every = [(e, f) for e in episodes for f in range(LENGTHS[e])]
+    order shuffled, every sample its own episode's (index, state, action, task, ``deltas`` windows and both cameras'
+    markers by hand, camera k's frames ``sizes[k]``; episode e of the generated set ``lengths[e]`` frames long)."""
+    every = [(e, f) for e in episodes for f in range(lengths[e])]
     for shuffle in (False, True):
         it = DALILeRobotIterator(
-            root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
+            root, batch_size=4, delta_timestamps=deltas, shuffle=shuffle, seed=1, episode_pool_size=2,
             device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None, **options,
         )  # fmt: skip
         samples = _samples(it)
@@ -119,7 +130,7 @@ def assert_each_frame_read_once_as_its_own(
         keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
         assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
         for s in samples:
-            _check_sample(s, *sizes)
+            _check_sample(s, *sizes, lengths=lengths, deltas=deltas)
 
 
 @pytest.mark.parametrize("kept", KEPT.values(), ids=KEPT.keys())
@@ -193,3 +204,11 @@ def test_cameras_of_different_sizes_and_codecs_read_each_at_its_size_or_the_one_
     assert_each_frame_read_once_as_its_own(root, range(5), sizes=sizes, image_size=image_size)
     cameras = _info_json(capsys, str(root))["cameras"]
     assert [(c["codec"], c["resolution"]) for c in cameras.values()] == [("vp9", [96, 128]), ("h264", [64, 96])]
+
+
+@pytest.mark.parametrize("codec", ["vp9", "h264"])  # (DALI's CPU decoder; the workers)
+def test_episodes_of_one_and_two_frames_pad_windows_past_both_ends(make_ds, codec: str) -> None:
+    """Every window of the 1- and 2-frame episodes reaches before the first frame and past the last: each reads the
+    episode's own edge rows and frames, padded (``_is_pad``) where outside it, never a neighbour's in the file."""
+    root = make_ds(episodes=4, frames_per_episode=SHORT, cameras=2, codec=codec, fps=10, episodes_per_file=2, gop=4)
+    assert_each_frame_read_once_as_its_own(root, range(4), lengths=SHORT, deltas=WIDE)
