@@ -282,13 +282,24 @@ def policy_augment(options: PolicyTrainOptions) -> AugmentConfig | None:
     if given is not None:
         config = {**given, "enable": True} if options.image_transforms else given
     elif options.image_transforms:
-        from lerobot.datasets.transforms import ImageTransformsConfig
-
-        config = ImageTransformsConfig(enable=True)
+        config = lerobot_image_transforms_config()(enable=True)
     else:
         return None
     augment = AugmentConfig.from_lerobot(config)
     return None if augment == AugmentConfig() else augment
+
+
+def lerobot_image_transforms_config() -> type:
+    """LeRobot's ``ImageTransformsConfig``, from where the installed LeRobot keeps it: ``lerobot.transforms`` in
+    0.6, ``lerobot.datasets.transforms`` in 0.3 and 0.4 (``--image-transforms`` failed with LeRobot 0.6 on the old
+    path)."""
+    try:
+        from lerobot.transforms import ImageTransformsConfig
+    except ModuleNotFoundError as e:
+        if e.name not in ("lerobot.transforms", "lerobot"):
+            raise
+        from lerobot.datasets.transforms import ImageTransformsConfig
+    return ImageTransformsConfig
 
 
 def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tuple[Any, Any, Any]:

@@ -999,7 +999,7 @@ def _with_a_second_video_stream(path: Path, target: Path) -> Path:
         first = out.add_stream_from_template(source.streams.video[0])
         second = out.add_stream("libx264", rate=30)
         second.width, second.height, second.pix_fmt = first.width, first.height, "yuv420p"
-        first.disposition, second.disposition = 0, av.stream.Disposition.default
+        first.disposition, second.disposition = 0, av.stream.Disposition.default.value  # (PyAV 15 takes an int)
         for packet in source.demux(video=0):
             if packet.size:
                 packet.stream = first
