@@ -1786,6 +1786,34 @@ def test_a_checkpoint_dir_holding_a_checkpoint_needs_resume_and_one_that_cannot_
     assert len(started) == 3
 
 
+@pytest.mark.parametrize("where", ["lerobot.transforms", "lerobot.datasets.transforms", None])
+def test_image_transforms_take_lerobots_defaults_from_where_the_installed_lerobot_keeps_them(
+    monkeypatch: pytest.MonkeyPatch, where: str | None
+) -> None:
+    """lerobot_policy.py --image-transforms without a config applies LeRobot's default ``ImageTransformsConfig``,
+    which LeRobot 0.6 keeps in ``lerobot.transforms`` and 0.3-0.4 in ``lerobot.datasets.transforms`` (the old path
+    alone failed with 0.6); a LeRobot with neither raises the import error. (A stand-in LeRobot: CI has none.)"""
+    import types
+
+    from lerobot_dali.augment_config import AugmentConfig
+    from pipelines import lerobot_policy
+    from tests.test_augment_lerobot import LEROBOT_DEFAULT
+
+    for name in ("lerobot", "lerobot.datasets", where):
+        if name is not None:
+            module = types.ModuleType(name)
+            module.__path__ = []  # (a package: importing a module it lacks raises ModuleNotFoundError naming it)
+            monkeypatch.setitem(sys.modules, name, module)
+    if where is not None:
+        sys.modules[where].ImageTransformsConfig = lambda enable: {**LEROBOT_DEFAULT, "enable": enable}  # type: ignore[attr-defined]
+    options = lerobot_policy.parse_args(["--dataset", "d", "--device", "cpu", "--image-transforms"])
+    if where is None:
+        with pytest.raises(ModuleNotFoundError, match="lerobot.datasets.transforms"):
+            lerobot_policy.policy_augment(options)
+    else:
+        assert lerobot_policy.policy_augment(options) == AugmentConfig.from_lerobot(LEROBOT_DEFAULT) != AugmentConfig()
+
+
 def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_pipelines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
