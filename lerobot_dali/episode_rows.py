@@ -681,12 +681,25 @@ def _outside_range(source: np.ndarray, dtype: str) -> Any:
     return source[outside].flat[0].item() if outside.any() else None
 
 
+def _language_type(kind: pa.DataType) -> pa.DataType:
+    """``kind`` (a ``language`` column's list of structs) with a float ``timestamp`` field as float32: LeRobot 0.6
+    casts the column to its declared feature (``Value("float32")``), so a timestamp its annotation writer stored as
+    a double (pyarrow infers one from Python floats) reads as the float32 nearest to it."""
+    if not _is_list(kind) or not pa.types.is_struct(kind.value_type):
+        return kind
+    fields = [kind.value_type.field(i) for i in range(kind.value_type.num_fields)]
+    timestamp = [f.name == "timestamp" and pa.types.is_floating(f.type) for f in fields]
+    return pa.list_(pa.struct([f.with_type(pa.float32()) if t else f for f, t in zip(fields, timestamp, strict=True)]))
+
+
 def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
     array = column.combine_chunks()
     n = len(array)
     if feature.is_host_value:
         objects = np.empty(n, dtype=object)  # filled, not np.asarray: equal-length lists would become a 2-D array
         try:
+            if feature.dtype == "language":
+                array = array.cast(_language_type(array.type))
             if feature.dtype == "string" and (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
                 # Text written without parquet's UTF-8 annotation reads as bytes, which LeRobot's cast to its declared
                 # string feature makes text again (and the batch's JSON transport cannot carry).

@@ -133,14 +133,24 @@ def _assert_same_samples(
         where = f"sample {_sample_key(expected)}"
         assert set(got) == set(expected), f"{where}: keys differ by {sorted(set(got) ^ set(expected))}"
         for key, value in expected.items():
-            if isinstance(value, str):
-                assert got[key] == value, f"{where}, {key}"
+            if not isinstance(value, torch.Tensor):  # task strings, language annotations: Python values
+                assert _typed(got[key]) == _typed(value), f"{where}, {key}"
                 continue
             assert (got[key].dtype, got[key].shape) == (value.dtype, value.shape), f"{where}, {key}"
             if key in video_keys:
                 frame_check(got[key], value)
             else:
                 assert torch.equal(got[key], value), f"{where}, {key}: {got[key]} != {value}"
+
+
+def _typed(value: Any) -> Any:
+    """``value`` (str, list, dict, number, None, nested) with each leaf's type beside it: equal only where both
+    hold the same values of the same Python types (``1 == 1.0 == True`` would not tell an int from a float)."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
+    return type(value), value
 
 
 def _same_decode(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -988,6 +998,60 @@ def test_every_feature_dtype_lerobot_writes_matches_lerobot(tmp_path: Path) -> N
     }
     for options in ({"num_workers": 0}, {"num_workers": 2}):
         _assert_same_samples(_ours(root, windows, **options), _lerobot(root, windows), frame_check=_same_decode)
+
+
+def _annotate(root: Path) -> None:
+    """Add ``language_persistent`` and ``language_events`` to ``root`` as ``lerobot-annotate`` does, its VLM modules
+    replaced by rows staged here: its writer (one row group per episode, types pyarrow infers from the rows) and its
+    info.json update (both features, dtype ``language``, and the ``say`` tool)."""
+    from lerobot.annotations.steerable_pipeline.executor import Executor
+    from lerobot.annotations.steerable_pipeline.reader import iter_episodes
+    from lerobot.annotations.steerable_pipeline.staging import EpisodeStaging
+    from lerobot.annotations.steerable_pipeline.writer import LanguageColumnsWriter, speech_atom
+
+    staging_dir = root.parent / f"{root.name}_staging"
+    records = list(iter_episodes(root))
+    for record in records:
+        episode, times = record.episode_index, record.frame_timestamps
+        staging = EpisodeStaging(staging_dir, episode)
+        staging.write("plan", [  # persistent: every row of the episode holds them all
+            {"role": "assistant", "content": f"1. reach\n2. grasp é {episode}", "style": "plan", "timestamp": 0.0},
+            {"role": "assistant", "content": "reach", "style": "subtask", "timestamp": times[1]},
+            {"role": "assistant", "content": None, "style": "memory", "timestamp": round(times[-1], 3),
+             "tool_calls": [{"type": "function", "function": {"name": "note", "arguments": {"n": episode}}}]},
+        ])  # fmt: skip
+        staging.write("interjections", [  # events: on the row at their time only
+            {"role": "user", "content": "stop", "style": "interjection", "timestamp": times[2]},
+            speech_atom(times[2], f"stopping {episode}"),
+        ])  # fmt: skip
+        staging.write("vqa", [
+            {"role": "user", "content": "where?", "style": "vqa", "timestamp": times[-2], "camera": MARKED_CAMERAS[1]},
+        ])  # fmt: skip
+    LanguageColumnsWriter().write_all(records, staging_dir, root)
+    Executor._ensure_annotation_metadata_in_info(root)
+
+
+@pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot's language columns are new in 0.6")
+def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_written, copy_ds) -> None:
+    """Each sample's ``language_persistent`` and ``language_events`` (lists of dicts: strings, None, float
+    timestamps, tool calls) as LeRobot gives them, every value of the same Python type, beside windows on the
+    other keys. LeRobot stacks windowed values as tensors, so it cannot window the language columns (a
+    TypeError); lerobot-dali windows them as lists, as it does strings."""
+    root = copy_ds(lerobot_written("images", True))  # data files of two episodes or fewer: the writer's per-file path
+    _annotate(root)
+    theirs = _lerobot(root, MARKED_WINDOWS)
+    assert {len(theirs[i]["language_events"]) for i in range(len(theirs))} == {0, 1, 2}
+    _assert_same_samples(_ours(root, MARKED_WINDOWS), theirs, frame_check=_same_decode)
+
+    window = {"language_events": [0.0, 1 / FPS]}
+    with pytest.raises(TypeError, match="expected Tensor"):
+        _lerobot(root, window)[0]
+    rows = {int(sample["index"]): sample for sample in (theirs[i] for i in range(len(theirs)))}
+    for index, sample in _ours(root, window).items():
+        pad = index + 1 not in rows or rows[index + 1]["episode_index"] != sample["episode_index"]
+        expected = [rows[index]["language_events"], rows[index if pad else index + 1]["language_events"]]
+        assert _typed(sample["language_events"]) == _typed(expected), index
+        assert sample["language_events_is_pad"].tolist() == [False, pad], index
 
 
 @needs_lerobot_04
