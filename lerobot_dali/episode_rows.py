@@ -9,6 +9,7 @@ instead of surfacing as a shape error in the model.
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import threading
@@ -692,6 +693,32 @@ def _language_type(kind: pa.DataType) -> pa.DataType:
     return pa.list_(pa.struct([f.with_type(pa.float32()) if t else f for f, t in zip(fields, timestamp, strict=True)]))
 
 
+#: pyarrow's JSON extension type (pyarrow >= 19), which LeRobot 0.6 declares for a language row's ``tool_calls``.
+_JSON_TYPE: Any = getattr(pa, "JsonType", ())
+
+
+def _holds_json(kind: pa.DataType) -> bool:
+    if isinstance(kind, _JSON_TYPE):
+        return True
+    if _is_list(kind):
+        return _holds_json(kind.value_type)
+    return pa.types.is_struct(kind) and any(_holds_json(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _parsed_json(value: Any, kind: pa.DataType) -> Any:
+    """``value`` (a row of arrow type ``kind``) with its JSON texts parsed, as LeRobot's ``datasets.Json`` feature
+    gives them (``to_pylist`` leaves them text)."""
+    if value is None:
+        return None
+    if isinstance(kind, _JSON_TYPE):
+        return json.loads(value)
+    if _is_list(kind):
+        return [_parsed_json(item, kind.value_type) for item in value]
+    if pa.types.is_struct(kind):
+        return {f.name: _parsed_json(value[f.name], f.type) for f in (kind.field(i) for i in range(kind.num_fields))}
+    return value
+
+
 def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
     array = column.combine_chunks()
     n = len(array)
@@ -705,6 +732,8 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
                 # string feature makes text again (and the batch's JSON transport cannot carry).
                 array = array.cast(pa.large_string())
             objects[:] = array.to_pylist()
+            if feature.dtype == "language" and _holds_json(array.type):
+                objects[:] = [_parsed_json(value, array.type) for value in objects]
         except (UnicodeDecodeError, pa.ArrowInvalid) as e:  # (parquet readers do not check strings: their use does)
             raise DataFileError(
                 f"{path}: column {feature.key!r} holds a string that is not UTF-8 ({e}); the file is damaged: "

@@ -1031,14 +1031,48 @@ def _annotate(root: Path) -> None:
     Executor._ensure_annotation_metadata_in_info(root)
 
 
+def _with_declared_language_types(root: Path) -> None:
+    """Rewrite the language columns with the arrow types ``lerobot.datasets.language`` declares (float32
+    timestamps, each tool call a ``pa.json_()`` text) in place of those the annotation writer lets pyarrow infer."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from lerobot.datasets.io_utils import write_table_one_row_group_per_episode
+    from lerobot.datasets.language import (
+        LANGUAGE_EVENTS,
+        LANGUAGE_PERSISTENT,
+        language_events_arrow_type,
+        language_persistent_arrow_type,
+    )
+
+    declared = {LANGUAGE_PERSISTENT: language_persistent_arrow_type(), LANGUAGE_EVENTS: language_events_arrow_type()}
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        for name, kind in declared.items():
+            as_texts = [
+                [{**row, "tool_calls": row["tool_calls"] and list(map(json.dumps, row["tool_calls"]))} for row in rows]
+                for rows in table[name].to_pylist()
+            ]
+            text_type = pa.struct(
+                [f.with_type(pa.list_(pa.string())) if f.name == "tool_calls" else f for f in kind.value_type]
+            )
+            column = pa.array(as_texts, pa.list_(text_type)).cast(kind)
+            table = table.set_column(table.column_names.index(name), name, column)
+        write_table_one_row_group_per_episode(table, path)
+
+
 @pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot's language columns are new in 0.6")
-def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_written, copy_ds) -> None:
+@pytest.mark.parametrize("types", ["inferred", "declared"])
+def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_written, copy_ds, types: str) -> None:
     """Each sample's ``language_persistent`` and ``language_events`` (lists of dicts: strings, None, float
     timestamps, tool calls) as LeRobot gives them, every value of the same Python type, beside windows on the
-    other keys. LeRobot stacks windowed values as tensors, so it cannot window the language columns (a
-    TypeError); lerobot-dali windows them as lists, as it does strings."""
+    other keys; stored as LeRobot's annotation writer stores them (types pyarrow infers: double timestamps, tool
+    calls as structs) or with the types LeRobot declares (tool calls as JSON texts, which LeRobot parses).
+    LeRobot stacks windowed values as tensors, so it cannot window the language columns (a TypeError);
+    lerobot-dali windows them as lists, as it does strings."""
     root = copy_ds(lerobot_written("images", True))  # data files of two episodes or fewer: the writer's per-file path
     _annotate(root)
+    if types == "declared":
+        _with_declared_language_types(root)
     theirs = _lerobot(root, MARKED_WINDOWS)
     assert {len(theirs[i]["language_events"]) for i in range(len(theirs))} == {0, 1, 2}
     _assert_same_samples(_ours(root, MARKED_WINDOWS), theirs, frame_check=_same_decode)
