@@ -159,6 +159,10 @@ def _same_decode(got: torch.Tensor, expected: torch.Tensor) -> None:
     assert (got - expected).abs().max().item() * 255 <= 3.01
 
 
+def _exactly(got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert torch.equal(got, expected), f"values differ by up to {(got - expected).abs().max().item()}"
+
+
 def _dali_cpu_decode(got: torch.Tensor, expected: torch.Tensor) -> None:
     """DALI's CPU VP9 decoder converts YUV -> RGB its own way: the same frame, a few levels apart on average."""
     assert (got - expected).abs().mean().item() * 255 < 2.0
@@ -1086,6 +1090,41 @@ def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_wri
         expected = [rows[index]["language_events"], rows[index if pad else index + 1]["language_events"]]
         assert _typed(sample["language_events"]) == _typed(expected), index
         assert sample["language_events_is_pad"].tolist() == [False, pad], index
+
+
+@pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot writes depth cameras from 0.6")
+def test_a_depth_camera_lerobot_writes_matches_lerobot(tmp_path: Path) -> None:
+    """A depth camera written by LeRobot's writer (uint16 millimetres, its default ``DepthEncoderConfig``: 12-bit
+    log codes in lossless HEVC ``gray12le``), a window over it: every frame the float32 depth LeRobot's decode
+    gives, in millimetres and in metres, to the bit: both dequantise the same lossless codes in float32 by torch,
+    in the same order (metres are not rounded: a float64 path differs by up to 2.4e-6 m, measured)."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    depth = "observation.images.depth"
+    size = (24, 32)
+    features = {
+        "observation.state": {"dtype": "float32", "shape": (2,), "names": None},
+        depth: {"dtype": "video", "shape": (*size, 1), "names": ["height", "width", "channels"],
+                "info": {"is_depth_map": True}},
+    }  # fmt: skip
+    root = tmp_path / "depth"
+    dataset = LeRobotDataset.create("local/depth", fps=FPS, features=features, root=root)
+    y, x = np.mgrid[0 : size[0], 0 : size[1]]
+    written = []  # by index
+    for episode, length in enumerate([5, 3]):
+        for frame in range(length):
+            written.append((20 + (episode * 997 + frame * 131 + y * 293 + x * 37) % 9980).astype(np.uint16))
+            row = {"observation.state": np.full(2, frame, np.float32), depth: written[-1][..., None], "task": "look"}
+            dataset.add_frame(row)
+        dataset.save_episode()
+    dataset.finalize()
+    windows = {depth: [-1 / FPS, 0.0]}
+    for unit, per_mm in (("mm", 1), ("m", 1e-3)):
+        ours = _ours(root, windows, depth_unit=unit)
+        _assert_same_samples(ours, _lerobot(root, windows, depth_output_unit=unit), frame_check=_exactly)
+        for index, sample in ours.items():  # the frame written, to the quantiser's step (under 3 mm up to 10 m)
+            assert sample[depth].shape == (2, 1, *size) and sample[depth].dtype == torch.float32
+            assert np.abs(sample[depth][1, 0].numpy() / per_mm - written[index]).max() <= 3, (unit, index)
 
 
 @needs_lerobot_04
