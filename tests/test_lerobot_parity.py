@@ -1093,22 +1093,24 @@ def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_wri
 
 
 @pytest.mark.skipif((_installed_lerobot() or (0, 0)) < (0, 6), reason="LeRobot writes depth cameras from 0.6")
-def test_a_depth_camera_lerobot_writes_matches_lerobot(tmp_path: Path) -> None:
-    """A depth camera written by LeRobot's writer (uint16 millimetres, its default ``DepthEncoderConfig``: 12-bit
-    log codes in lossless HEVC ``gray12le``), a window over it: every frame the float32 depth LeRobot's decode
-    gives, in millimetres and in metres, to the bit: both dequantise the same lossless codes in float32 by torch,
-    in the same order (metres are not rounded: a float64 path differs by up to 2.4e-6 m, measured)."""
+@pytest.mark.parametrize("storage", ["video", "image"])
+def test_a_depth_camera_lerobot_writes_matches_lerobot(tmp_path: Path, storage: str) -> None:
+    """A depth camera written by LeRobot's writer (uint16 millimetres; a video by its default ``DepthEncoderConfig``:
+    12-bit log codes in lossless HEVC ``gray12le``, or 16-bit PNGs in the data files), a window over it: every frame
+    the float32 depth LeRobot's read gives, in millimetres and in metres, to the bit: from a video both dequantise
+    the same lossless codes in float32 by torch, in the same order (metres are not rounded: a float64 path differs
+    by up to 2.4e-6 m, measured); from images both divide the stored millimetres by a float32 1000."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     depth = "observation.images.depth"
     size = (24, 32)
     features = {
         "observation.state": {"dtype": "float32", "shape": (2,), "names": None},
-        depth: {"dtype": "video", "shape": (*size, 1), "names": ["height", "width", "channels"],
+        depth: {"dtype": storage, "shape": (*size, 1), "names": ["height", "width", "channels"],
                 "info": {"is_depth_map": True}},
     }  # fmt: skip
     root = tmp_path / "depth"
-    dataset = LeRobotDataset.create("local/depth", fps=FPS, features=features, root=root)
+    dataset = LeRobotDataset.create("local/depth", fps=FPS, features=features, root=root, use_videos=storage == "video")
     y, x = np.mgrid[0 : size[0], 0 : size[1]]
     written = []  # by index
     for episode, length in enumerate([5, 3]):
