@@ -1072,7 +1072,8 @@ def test_language_annotations_lerobots_pipeline_writes_match_lerobot(lerobot_wri
     other keys; stored as LeRobot's annotation writer stores them (types pyarrow infers: double timestamps, tool
     calls as structs) or with the types LeRobot declares (tool calls as JSON texts, which LeRobot parses).
     LeRobot stacks windowed values as tensors, so it cannot window the language columns (a TypeError);
-    lerobot-dali windows them as lists, as it does strings."""
+    lerobot-dali windows them as lists, as it does strings. info.json's new ``tools`` is metadata that LeRobot's
+    samples do not carry: both ignore it (the samples' keys are compared)."""
     root = copy_ds(lerobot_written("images", True))  # data files of two episodes or fewer: the writer's per-file path
     _annotate(root)
     if types == "declared":
