@@ -279,6 +279,39 @@ def test_a_string_feature_stored_as_bytes_reads_as_text(make_ds, tmp_path: Path)
         open_dataset(root).read_episode(1)
 
 
+def test_language_rows_read_as_lerobots_declared_feature(make_ds, tmp_path: Path) -> None:
+    """LeRobot 0.6 casts a ``language`` column to the feature it declares: a row's float ``timestamp`` reads as
+    float32 (its annotation writer stores doubles: 0.1 read as 0.1 here, 0.10000000149011612 there), and a JSON
+    value (``pa.json_()``, its declared type for ``tool_calls``) parsed (read as its text here).
+    tests/test_lerobot_parity.py checks the same against LeRobot 0.6 itself."""
+    root = shutil.copytree(make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS), tmp_path / "dataset")
+    rows = pa.list_(
+        pa.struct([("content", pa.string()), ("timestamp", pa.float64()), ("calls", pa.list_(pa.string()))])
+    )
+    declared = pa.list_(
+        pa.struct([("content", pa.string()), ("timestamp", pa.float64()), ("calls", pa.list_(pa.json_()))])
+    )
+    for path in sorted(root.glob("data/*/*.parquet")):
+        table = pq.read_table(path)
+        values = [
+            [{"content": f"c{i}", "timestamp": i / 10, "calls": [f'{{"say": [{i}, null]}}']}]
+            for i in table["index"].to_pylist()
+        ]
+        pq.write_table(table.append_column("language_persistent", pa.array(values, rows).cast(declared)), path)
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    info["features"]["language_persistent"] = {"dtype": "language", "shape": [1], "names": None}
+    info_path.write_text(json.dumps(info))
+    it = DALILeRobotIterator(root, batch_size=sum(LENGTHS), shuffle=False, device="cpu", num_workers=0)
+    batch = next(iter(it))
+    it.close()
+    expected = [
+        [{"content": f"c{i}", "timestamp": float(np.float32(i / 10)), "calls": [{"say": [i, None]}]}]
+        for i in batch["index"].tolist()
+    ]
+    assert batch["language_persistent"] == expected
+
+
 def _objects(*values: object) -> np.ndarray:
     """``values`` as a (B,) object array, as a batch's column of strings or structures comes."""
     out = np.empty(len(values), dtype=object)
