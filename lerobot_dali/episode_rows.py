@@ -734,6 +734,11 @@ def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np
             objects[:] = array.to_pylist()
             if feature.dtype == "language" and _holds_json(array.type):
                 objects[:] = [_parsed_json(value, array.type) for value in objects]
+        except json.JSONDecodeError as e:  # (a pa.json_() value is text parquet never checks)
+            raise DataFileError(
+                f"{path}: column {feature.key!r} holds a JSON value that does not parse ({e}); the file is damaged: "
+                "re-download or rewrite it"
+            ) from e
         except (UnicodeDecodeError, pa.ArrowInvalid) as e:  # (parquet readers do not check strings: their use does)
             raise DataFileError(
                 f"{path}: column {feature.key!r} holds a string that is not UTF-8 ({e}); the file is damaged: "

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -279,12 +280,11 @@ def test_a_string_feature_stored_as_bytes_reads_as_text(make_ds, tmp_path: Path)
         open_dataset(root).read_episode(1)
 
 
-def test_language_rows_read_as_lerobots_declared_feature(make_ds, tmp_path: Path) -> None:
-    """LeRobot 0.6 casts a ``language`` column to the feature it declares: a row's float ``timestamp`` reads as
-    float32 (its annotation writer stores doubles: 0.1 read as 0.1 here, 0.10000000149011612 there), and a JSON
-    value (``pa.json_()``, its declared type for ``tool_calls``) parsed (read as its text here).
-    tests/test_lerobot_parity.py checks the same against LeRobot 0.6 itself."""
-    root = shutil.copytree(make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS), tmp_path / "dataset")
+def _with_language(src: Path, root: Path, call: Callable[[int], str]) -> Path:
+    """A copy of ``src`` with a ``language_persistent`` column as LeRobot 0.6 declares it: per row (by its ``index``)
+    one entry holding a double ``timestamp`` (as its annotation writer stores it) and the JSON text ``call(index)``
+    as a ``pa.json_()`` value."""
+    root = shutil.copytree(src, root)
     rows = pa.list_(
         pa.struct([("content", pa.string()), ("timestamp", pa.float64()), ("calls", pa.list_(pa.string()))])
     )
@@ -293,15 +293,22 @@ def test_language_rows_read_as_lerobots_declared_feature(make_ds, tmp_path: Path
     )
     for path in sorted(root.glob("data/*/*.parquet")):
         table = pq.read_table(path)
-        values = [
-            [{"content": f"c{i}", "timestamp": i / 10, "calls": [f'{{"say": [{i}, null]}}']}]
-            for i in table["index"].to_pylist()
-        ]
+        values = [[{"content": f"c{i}", "timestamp": i / 10, "calls": [call(i)]}] for i in table["index"].to_pylist()]
         pq.write_table(table.append_column("language_persistent", pa.array(values, rows).cast(declared)), path)
     info_path = root / "meta" / "info.json"
     info = json.loads(info_path.read_text())
     info["features"]["language_persistent"] = {"dtype": "language", "shape": [1], "names": None}
     info_path.write_text(json.dumps(info))
+    return root
+
+
+def test_language_rows_read_as_lerobots_declared_feature(make_ds, tmp_path: Path) -> None:
+    """LeRobot 0.6 casts a ``language`` column to the feature it declares: a row's float ``timestamp`` reads as
+    float32 (its annotation writer stores doubles: 0.1 read as 0.1 here, 0.10000000149011612 there), and a JSON
+    value (``pa.json_()``, its declared type for ``tool_calls``) parsed (read as its text here).
+    tests/test_lerobot_parity.py checks the same against LeRobot 0.6 itself."""
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS)
+    root = _with_language(src, tmp_path / "dataset", lambda i: f'{{"say": [{i}, null]}}')
     it = DALILeRobotIterator(root, batch_size=sum(LENGTHS), shuffle=False, device="cpu", num_workers=0)
     batch = next(iter(it))
     it.close()
@@ -310,6 +317,18 @@ def test_language_rows_read_as_lerobots_declared_feature(make_ds, tmp_path: Path
         for i in batch["index"].tolist()
     ]
     assert batch["language_persistent"] == expected
+
+
+def test_a_language_json_value_that_does_not_parse_names_its_file_and_column(make_ds, tmp_path: Path) -> None:
+    """A ``pa.json_()`` value is text parquet never checks: one that is not JSON failed the read with a bare
+    JSONDecodeError, naming neither the file nor the column."""
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS, episodes_per_file=1)
+    root = _with_language(src, tmp_path / "dataset", lambda i: '{"say": [' if i == LENGTHS[0] + 1 else "{}")
+    second = sorted(root.glob("data/*/*.parquet"))[1]  # episode 1's file, whose second row is cut short
+    reader = open_dataset(root)
+    assert reader.read_episode(0)["language_persistent"][0] == [{"content": "c0", "timestamp": 0.0, "calls": [{}]}]
+    with pytest.raises(DataFileError, match=rf"^{re.escape(str(second))}: column 'language_persistent' holds a JSON "):
+        reader.read_episode(1)
 
 
 def _objects(*values: object) -> np.ndarray:
