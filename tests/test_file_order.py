@@ -8,7 +8,6 @@ rows in episode order, whichever file holds them."""
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,9 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from lerobot_dali.iterator import DALILeRobotIterator
 from tests.test_cli import _info_json
-from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
+from tests.test_iterator import LENGTHS, _dataset, assert_each_frame_read_once_as_its_own
 
 #: test_iterator's dataset (5 episodes, two a file: data and video files 000 {0, 1}, 001 {2, 3}, 002 {4}) with its
 #: data files in reverse order.
@@ -69,19 +67,7 @@ def test_each_sample_reads_its_episodes_rows_and_frames_from_files_out_of_episod
     {2, 3}, 001 {4}, 002 {0, 1}: every sample's rows, windows and frames are its own episode's (index, state, action,
     task and both cameras' markers by hand), in dataset order, each frame once; a shuffled epoch too."""
     root = out_of_episode_order(copy_ds(_dataset(make_ds, codec)), data_files)
-    every = [(e, f) for e, n in enumerate(LENGTHS) for f in range(n)]
-    for shuffle in (False, True):
-        it = DALILeRobotIterator(
-            root, batch_size=4, delta_timestamps=DELTAS, shuffle=shuffle, seed=1, episode_pool_size=2,
-            device="cpu", num_workers=0, drop_last=False,
-        )  # fmt: skip
-        assert {r.value for r in it.routes.values()} == {route}
-        samples = _samples(it)
-        it.close()
-        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
-        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
-        for s in samples:
-            _check_sample(s)
+    assert_each_frame_read_once_as_its_own(root, range(len(LENGTHS)), route=route)
 
 
 def test_info_probes_the_first_episodes_own_video_files(make_ds, copy_ds, capsys) -> None:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,37 @@ def _check_sample(
     frame1 = s["observation.images.cam1"]  # no deltas: squeezed to (C, H, W)
     assert frame1.shape == (3, *(size1 or size))
     assert tuple(read_full_marker(_as_hwc_uint8(frame1))) == (ep, f, 1)
+
+
+def assert_each_frame_read_once_as_its_own(
+    root: Path,
+    episodes: Sequence[int],
+    *,
+    selected: bool = False,
+    sizes: tuple[tuple[int, int], tuple[int, int]] = ((96, 128), (96, 128)),
+    lengths: list[int] = LENGTHS,
+    deltas: dict[str, list[float]] = DELTAS,
+    route: str | None = None,
+    **options: Any,
+) -> None:
+    """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``;
+    other iterator ``options``) holds each frame of ``episodes`` once, in episode order unshuffled and in another
+    order shuffled, every sample its own episode's (index, state, action, task, ``deltas`` windows and both cameras'
+    markers by hand, camera k's frames ``sizes[k]``; episode e of the generated set ``lengths[e]`` frames long), every
+    camera on ``route`` where given."""
+    every = [(e, f) for e in episodes for f in range(lengths[e])]
+    for shuffle in (False, True):
+        it = DALILeRobotIterator(
+            root, batch_size=4, delta_timestamps=deltas, shuffle=shuffle, seed=1, episode_pool_size=2,
+            device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None, **options,
+        )  # fmt: skip
+        assert route is None or {r.value for r in it.routes.values()} == {route}
+        samples = _samples(it)
+        it.close()
+        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
+        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
+        for s in samples:
+            _check_sample(s, *sizes, lengths=lengths, deltas=deltas)
 
 
 @pytest.mark.parametrize(

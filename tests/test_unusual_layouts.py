@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,9 +20,8 @@ import pytest
 from lerobot_dali import open_dataset
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.errors import DatasetError
-from lerobot_dali.iterator import DALILeRobotIterator
 from tests.test_cli import _info_json
-from tests.test_iterator import DELTAS, LENGTHS, _check_sample, _dataset, _samples
+from tests.test_iterator import LENGTHS, _dataset, assert_each_frame_read_once_as_its_own
 
 CAM1 = "observation.images.cam1"
 #: Episodes kept of test_iterator's 5: a gap (episode 2 deleted), and a gap with no episode 0 (0, 1 and 3 deleted).
@@ -103,34 +100,6 @@ def camera_from(root: Path, other: Path, camera: str) -> Path:
 @pytest.fixture(params=["v3.0", "v2.1"])
 def version(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def assert_each_frame_read_once_as_its_own(
-    root: Path,
-    episodes: Sequence[int],
-    *,
-    selected: bool = False,
-    sizes: tuple[tuple[int, int], tuple[int, int]] = ((96, 128), (96, 128)),
-    lengths: list[int] = LENGTHS,
-    deltas: dict[str, list[float]] = DELTAS,
-    **options: Any,
-) -> None:
-    """An epoch of ``root`` (``episodes=`` those where ``selected``, else the whole dataset, which holds ``episodes``;
-    other iterator ``options``) holds each frame of ``episodes`` once, in episode order unshuffled and in another
-    order shuffled, every sample its own episode's (index, state, action, task, ``deltas`` windows and both cameras'
-    markers by hand, camera k's frames ``sizes[k]``; episode e of the generated set ``lengths[e]`` frames long)."""
-    every = [(e, f) for e in episodes for f in range(lengths[e])]
-    for shuffle in (False, True):
-        it = DALILeRobotIterator(
-            root, batch_size=4, delta_timestamps=deltas, shuffle=shuffle, seed=1, episode_pool_size=2,
-            device="cpu", num_workers=0, drop_last=False, episodes=list(episodes) if selected else None, **options,
-        )  # fmt: skip
-        samples = _samples(it)
-        it.close()
-        keys = [(int(s["episode_index"]), int(s["frame_index"])) for s in samples]
-        assert keys == every if not shuffle else Counter(keys) == Counter(every) and keys != every
-        for s in samples:
-            _check_sample(s, *sizes, lengths=lengths, deltas=deltas)
 
 
 @pytest.mark.parametrize("kept", KEPT.values(), ids=KEPT.keys())
