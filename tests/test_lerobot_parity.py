@@ -748,6 +748,35 @@ def test_rows_past_their_episodes_video_read_a_neighbours_frames_in_lerobot_and_
         _ours(root, {}, episodes=[0], tolerance_s=0.06)
 
 
+@pytest.mark.skipif((_installed_lerobot() or (0, 6)) < (0, 6), reason="LeRobot's reading measured with 0.6.1 only")
+def test_data_files_out_of_episode_order_read_by_position_in_lerobot_and_by_episode_here(make_ds, copy_ds) -> None:
+    """Deliberately unlike LeRobot: test_iterator's set with its data files in reverse order (file-000 holds episode 4,
+    rows with ``index`` 17-22). LeRobot 0.6.1 takes item i from the i-th row in file order: item 0 is
+    ``index`` 17, and episode 3's items fail in torchcodec (``IndexError``: their frames are looked up past the end of
+    another episode's video). This reads each episode's rows from the file and rows meta/episodes names:
+    every ``index`` once, with its own row's episode and frame (``tests/test_file_order.py`` checks every value and
+    frame by hand)."""
+    from tests.test_file_order import REVERSED, out_of_episode_order
+    from tests.test_iterator import DELTAS, LENGTHS, _dataset
+
+    root = out_of_episode_order(copy_ds(_dataset(make_ds, "vp9")), REVERSED)
+    theirs = _lerobot(root, DELTAS)
+    assert len(theirs) == sum(LENGTHS)
+    failing = []
+    for position in range(len(theirs)):
+        try:
+            theirs[position]
+        except IndexError:
+            failing.append(position)
+    assert failing == [13, 14, 15, 16]  # (episode 3's rows, at positions 13-16)
+    assert [int(theirs.hf_dataset[i]["index"]) for i in (0, 6, 17)] == [17, 6, 0]
+    rows = theirs.hf_dataset.with_format(None)
+    row_of = {i: (e, f) for i, e, f in zip(rows["index"], rows["episode_index"], rows["frame_index"], strict=True)}
+    ours = _ours(root, DELTAS)
+    assert sorted(ours) == sorted(row_of) == list(range(sum(LENGTHS)))
+    assert {key: (int(s["episode_index"]), int(s["frame_index"])) for key, s in ours.items()} == row_of
+
+
 @needs_lerobot_04
 def test_a_real_h264_dataset_with_more_video_frames_than_rows_matches_lerobot_but_for_ties(copy_ds) -> None:
     """r1_v30_h264 (real data: H.264 with B-frames, 25 fps video under 10 fps rows), read here as published
