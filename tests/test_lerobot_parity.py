@@ -748,10 +748,10 @@ def test_rows_past_their_episodes_video_read_a_neighbours_frames_in_lerobot_and_
         _ours(root, {}, episodes=[0], tolerance_s=0.06)
 
 
-@pytest.mark.skipif((_installed_lerobot() or (0, 6)) < (0, 6), reason="LeRobot's reading measured with 0.6.1 only")
+@needs_lerobot_04
 def test_data_files_out_of_episode_order_read_by_position_in_lerobot_and_by_episode_here(make_ds, copy_ds) -> None:
     """Deliberately unlike LeRobot: test_iterator's set with its data files in reverse order (file-000 holds episode 4,
-    rows with ``index`` 17-22). LeRobot 0.6.1 takes item i from the i-th row in file order: item 0 is
+    rows with ``index`` 17-22). LeRobot (0.4.4, 0.6.1) takes item i from the i-th row in file order: item 0 is
     ``index`` 17, and episode 3's items fail in torchcodec (``IndexError``: their frames are looked up past the end of
     another episode's video). This reads each episode's rows from the file and rows meta/episodes names:
     every ``index`` once, with its own row's episode and frame (``tests/test_file_order.py`` checks every value and
