@@ -903,15 +903,22 @@ MARKED_WINDOWS = {**WINDOWS, MARKED_CAMERAS[0]: WINDOWS["observation.images.cam0
 del MARKED_WINDOWS["observation.images.cam0"]
 
 
-def _assert_marked_frames(samples: dict[int, dict[str, Any]]) -> None:
-    """Every frame is the one its row and window name: the marker drawn into it when it was written. The SVT-AV1
-    3.0 that PyAV < 16 bundles blurs some 64x96 markers past reading (9 of 30 frames at LeRobot's crf 30): there, a
-    marker that reads must still be right, and most must read."""
-    steps = {MARKED_CAMERAS[0]: [round(d * FPS) for d in MARKED_WINDOWS[MARKED_CAMERAS[0]]], MARKED_CAMERAS[1]: [0]}
+def _assert_marked_frames(
+    samples: dict[int, dict[str, Any]],
+    source_episodes: Sequence[int] = range(len(LENGTHS)),
+    windows: Mapping[str, Sequence[float]] = MARKED_WINDOWS,
+) -> None:
+    """Every frame is the one its row and window name: the marker drawn into it when it was written (by episode
+    ``source_episodes[e]`` of ``lerobot_written``, for a sample of episode ``e``). The SVT-AV1 3.0 that PyAV < 16
+    bundles blurs some 64x96 markers past reading (9 of 30 frames at LeRobot's crf 30): there, a marker that reads
+    must still be right, and most must read."""
+    steps = {camera: [round(d * FPS) for d in windows.get(camera, [0.0])] for camera in MARKED_CAMERAS}
     checked, unreadable = 0, 0
     for sample in samples.values():
-        episode, frame = int(sample["episode_index"]), int(sample["frame_index"])
+        episode, frame = source_episodes[int(sample["episode_index"])], int(sample["frame_index"])
         for camera_index, camera in enumerate(MARKED_CAMERAS):
+            if camera not in sample:
+                continue
             frames = sample[camera] if sample[camera].dim() == 4 else sample[camera][None]
             for image, step in zip(frames, steps[camera], strict=True):
                 wanted = (episode, min(max(frame + step, 0), LENGTHS[episode] - 1), camera_index)
@@ -1436,3 +1443,139 @@ def test_an_iterator_kept_to_the_exit_beside_lerobot_ends_silently(make_ds) -> N
     env = {**os.environ, "PYTHONPATH": str(POLICY_SCRIPT.parents[1])}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env)
     assert (result.returncode, result.stdout, result.stderr) == (0, "2\n", "")
+
+
+# -- datasets LeRobot's editing tools write (lerobot.datasets.dataset_tools, LeRobot >= 0.6) ------------------
+def _dataset_tools() -> Any:
+    """LeRobot's dataset editing tools (``lerobot-edit-dataset``'s), where this LeRobot ships them."""
+    if (_installed_lerobot() or (0, 0)) < (0, 6):
+        pytest.skip("LeRobot's dataset_tools as tested here are LeRobot 0.6's")
+    try:
+        from lerobot.datasets import dataset_tools
+    except ImportError as e:
+        pytest.skip(f"LeRobot's dataset_tools do not import here ({e})")
+    return dataset_tools
+
+
+def _loaded(root: Path) -> Any:
+    """``root`` as the editing tools take a dataset: a ``LeRobotDataset`` without windows."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    return LeRobotDataset(f"local/{root.name}", root=root)
+
+
+def _assert_edit_matches(root: Path, source_episodes: Sequence[int], windows: Mapping[str, Sequence[float]]) -> None:
+    """Every sample of the edited dataset at ``root`` as LeRobot's, and every frame the one written for its row:
+    ``source_episodes[e]`` is the episode of ``lerobot_written``'s that the edited dataset's episode ``e`` was."""
+    ours = _ours(root, windows)
+    theirs = _lerobot(root, windows)
+    assert len(ours) == len(theirs) == sum(LENGTHS[e] for e in source_episodes)
+    assert sorted({int(s["episode_index"]) for s in ours.values()}) == list(range(len(source_episodes)))
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
+    _assert_marked_frames(ours, source_episodes, windows)
+
+
+@pytest.mark.parametrize(
+    ("vcodec", "split"),
+    [("h264", False), ("h264", True), ("images", False)],
+    ids=["reencoded_shared_files", "files_copied_with_gaps", "images"],
+)
+def test_a_dataset_lerobots_delete_episodes_writes_matches_lerobot(
+    lerobot_written, tmp_path: Path, vcodec: str, split: bool
+) -> None:
+    """``delete_episodes``: where a file holds kept and deleted episodes, it re-encodes the kept ones' frames into
+    a new file (new from/to timestamps); a file holding kept episodes only is copied under its old file index,
+    leaving the deleted episodes' file indices unused; the rows are renumbered (episode_index, index)."""
+    tools = _dataset_tools()
+    out = tmp_path / "deleted"
+    tools.delete_episodes(_loaded(lerobot_written(vcodec, split)), episode_indices=[1, 3], output_dir=out)
+    _assert_edit_matches(out, [0, 2, 4], MARKED_WINDOWS)
+
+
+def test_datasets_lerobots_split_dataset_writes_match_lerobot(lerobot_written, tmp_path: Path) -> None:
+    """``split_dataset`` of episodes sharing their files: each split re-encodes its own episodes' frames."""
+    tools = _dataset_tools()
+    splits = {"train": [0, 2, 3], "val": [4, 1]}
+    tools.split_dataset(_loaded(lerobot_written("h264", False)), splits=splits, output_dir=tmp_path / "splits")
+    for name, episodes in splits.items():
+        _assert_edit_matches(tmp_path / "splits" / name, sorted(episodes), MARKED_WINDOWS)
+
+
+@pytest.mark.parametrize("concatenate", [True, False], ids=["concatenated", "file_per_source_file"])
+def test_a_dataset_lerobots_merge_datasets_writes_matches_lerobot(
+    lerobot_written, tmp_path: Path, concatenate: bool
+) -> None:
+    """``merge_datasets`` (``aggregate_datasets``) of the shared-files and the file-per-episode datasets: the
+    second's episodes follow the first's, packed into the first's files or kept a file per source file."""
+    tools = _dataset_tools()
+    sources = [_loaded(lerobot_written("h264", split)) for split in (False, True)]
+    out = tmp_path / "merged"
+    tools.merge_datasets(
+        sources, output_repo_id="local/merged", output_dir=out,
+        concatenate_videos=concatenate, concatenate_data=concatenate,
+    )  # fmt: skip
+    _assert_edit_matches(out, [*range(5), *range(5)], MARKED_WINDOWS)
+
+
+def test_a_dataset_lerobots_modify_features_writes_matches_lerobot(lerobot_written, tmp_path: Path) -> None:
+    """``modify_features``: a float32 reward and an int64 per-frame count added (from an array and from a function
+    of each row), a camera removed; windows over the added features."""
+    tools = _dataset_tools()
+    source = _loaded(lerobot_written("h264", True))
+    rewards = np.arange(sum(LENGTHS), dtype=np.float32)[:, None] / 4
+
+    def count(row: dict[str, Any], episode: int, frame: int) -> int:
+        return episode * 100 + frame
+
+    out = tmp_path / "modified"
+    tools.modify_features(
+        source,
+        add_features={
+            "next.reward": (rewards, {"dtype": "float32", "shape": (1,), "names": None}),
+            "count": (count, {"dtype": "int64", "shape": (1,), "names": None}),
+        },
+        remove_features=[MARKED_CAMERAS[1]],
+        output_dir=out,
+    )
+    windows = {**MARKED_WINDOWS, "next.reward": [0.0, 1 / FPS], "count": [-1 / FPS, 0.0]}
+    info = json.loads((out / "meta/info.json").read_text())
+    assert MARKED_CAMERAS[1] not in info["features"] and "count" in info["features"]
+    ours, theirs = _ours(out, windows), _lerobot(out, windows)
+    assert len(ours) == len(theirs) == sum(LENGTHS)
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
+    _assert_marked_frames(ours, windows=windows)
+
+
+def test_a_dataset_lerobots_modify_tasks_rewrites_matches_lerobot(lerobot_written, copy_ds) -> None:
+    """``modify_tasks`` rewrites a dataset in place: a task renamed, one episode's task replaced by a new one."""
+    tools = _dataset_tools()
+    root = copy_ds(lerobot_written("images", False))
+    tools.modify_tasks(_loaded(root), episode_tasks={1: "a new task"}, task_replacements={"task 2": "task two"})
+    ours, theirs = _ours(root, MARKED_WINDOWS), _lerobot(root, MARKED_WINDOWS)
+    assert {s["task"] for s in ours.values()} == {"task 0", "a new task", "task 1", "task two"}  # (episode 4: task 1)
+    _assert_same_samples(ours, theirs, frame_check=_same_decode)
+
+
+def test_a_dataset_lerobots_image_to_video_conversion_writes_matches_lerobot(lerobot_written, tmp_path: Path) -> None:
+    """``convert_image_to_video_dataset`` of the PNG dataset into h264 videos."""
+    from lerobot.configs.video import RGBEncoderConfig
+
+    tools = _dataset_tools()
+    out = tmp_path / "videos"
+    tools.convert_image_to_video_dataset(
+        _loaded(lerobot_written("images", False)), output_dir=out, repo_id="local/videos",
+        rgb_encoder=RGBEncoderConfig(vcodec="h264"), num_workers=1,
+    )  # fmt: skip
+    assert len(json.loads((out / "meta/info.json").read_text())["features"][MARKED_CAMERAS[0]]["shape"]) == 3
+    assert list((out / "videos").rglob("*.mp4"))
+    _assert_edit_matches(out, range(5), MARKED_WINDOWS)
+
+
+def test_a_dataset_lerobots_reencode_dataset_rewrites_matches_lerobot(lerobot_written, copy_ds) -> None:
+    """``reencode_dataset`` re-encodes every video in place (AV1 file per episode into HEVC with 4-frame GOPs)."""
+    from lerobot.configs.video import RGBEncoderConfig
+
+    tools = _dataset_tools()
+    root = copy_ds(lerobot_written("libsvtav1", True))
+    tools.reencode_dataset(_loaded(root), rgb_encoder=RGBEncoderConfig(vcodec="hevc", g=4))
+    _assert_edit_matches(root, range(5), MARKED_WINDOWS)
