@@ -1555,9 +1555,9 @@ def test_a_dataset_lerobots_modify_tasks_rewrites_matches_lerobot(lerobot_writte
 
 def test_a_dataset_lerobots_image_to_video_conversion_writes_matches_lerobot(lerobot_written, tmp_path: Path) -> None:
     """``convert_image_to_video_dataset`` of the PNG dataset into h264 videos."""
+    tools = _dataset_tools()  # (first: it skips below LeRobot 0.6, which has no lerobot.configs.video)
     from lerobot.configs.video import RGBEncoderConfig
 
-    tools = _dataset_tools()
     out = tmp_path / "videos"
     tools.convert_image_to_video_dataset(
         _loaded(lerobot_written("images", False)), output_dir=out, repo_id="local/videos",
@@ -1570,9 +1570,9 @@ def test_a_dataset_lerobots_image_to_video_conversion_writes_matches_lerobot(ler
 
 def test_a_dataset_lerobots_reencode_dataset_rewrites_matches_lerobot(lerobot_written, copy_ds) -> None:
     """``reencode_dataset`` re-encodes every video in place (AV1 file per episode into HEVC with 4-frame GOPs)."""
+    tools = _dataset_tools()  # (first: it skips below LeRobot 0.6, which has no lerobot.configs.video)
     from lerobot.configs.video import RGBEncoderConfig
 
-    tools = _dataset_tools()
     root = copy_ds(lerobot_written("libsvtav1", True))
     tools.reencode_dataset(_loaded(root), rgb_encoder=RGBEncoderConfig(vcodec="hevc", g=4))
     _assert_edit_matches(root, range(5), MARKED_WINDOWS)
