@@ -539,26 +539,43 @@ def _with_derived(
     return out
 
 
-def _unfair_peers(config: BenchConfig, frames: int, loaders: Sequence[str]) -> dict[str, str]:
+def _unfair_peers(config: BenchConfig, reader: Any, loaders: Sequence[str], tolerance_s: float) -> dict[str, str]:
     """Peers whose measured window would not do a loader's work, with why (their rows say it; no ratio divides
     by them): ``StreamingLeRobotDataset`` decodes its shuffle buffer before its first batch, so on a dataset with
     fewer frames than that buffer plus the samples measured, part of the window only hands out decoded samples
-    (``--quick``'s 360 frames: all of it, and it came out fastest)."""
+    (``--quick``'s 360 frames: all of it, and it came out fastest); and where it looks frames up by global index,
+    it decodes other frames than the rows name in episodes whose video does not start at that index's time."""
     if LEROBOT_STREAMING_LOADER not in loaders:
         return {}
-    from .bench_peers import streaming_buffer_size
+    from .bench_peers import streaming_buffer_size, streaming_looks_up_by_index
 
+    whys = []
     buffered = streaming_buffer_size()
     drawn = (int(config.warmup or 0) + int(config.steps or 1)) * int(config.batch_size or 1)
-    if buffered is None or buffered + drawn <= frames:
-        return {}
-    return {
-        LEROBOT_STREAMING_LOADER: (
-            f"not a peer here: its shuffle buffer ({buffered} samples, decoded before the first batch) and the "
-            f"{drawn} samples measured exceed the dataset's {frames} frames, so it decodes little or nothing in the "
+    if buffered is not None and buffered + drawn > reader.num_frames:
+        whys.append(
+            f"its shuffle buffer ({buffered} samples, decoded before the first batch) and the {drawn} samples "
+            f"measured exceed the dataset's {reader.num_frames} frames, so it decodes little or nothing in the "
             "measured window"
         )
-    }
+    misplaced = _episodes_not_at_index_time(reader, tolerance_s)
+    if misplaced and streaming_looks_up_by_index():
+        whys.append(
+            f"it looks each row's frames up at its index / fps in its episode's video file (LeRobot issue #4524), "
+            f"and {misplaced} of the dataset's {len(reader.episodes)} episodes start elsewhere in theirs, so it "
+            "decodes other frames than the rows name there, or fails"
+        )
+    return {LEROBOT_STREAMING_LOADER: "not a peer here: " + "; and ".join(whys)} if whys else {}
+
+
+def _episodes_not_at_index_time(reader: Any, tolerance_s: float) -> int:
+    """Episodes one of whose cameras' videos does not start at the episode's first global index / fps (more than
+    ``tolerance_s`` apart): where a loader that takes that time for the video's finds other frames."""
+    starts = np.asarray(reader.episodes.dataset_from_index, dtype=np.float64) / reader.fps
+    off = np.zeros(len(starts), dtype=bool)
+    for files in reader.episodes.cameras.values():
+        off |= ~(np.abs(np.asarray(files.from_timestamp_s, dtype=np.float64) - starts) <= tolerance_s)
+    return int(off.sum())
 
 
 def _median_runs(rounds: list[list[LoaderResult]], loaders: Sequence[str]) -> list[LoaderResult]:
@@ -700,7 +717,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                 note = "StreamingLeRobotDataset reads one dataset (MultiLeRobotDataset is LeRobot's for several)"
                 skipped[name] = LoaderResult(dataset=dataset.label, loader=name, status="skipped", note=note)
         measured = [name for name in loaders if name not in skipped]
-        unfair = _unfair_peers(config, reader.num_frames, measured)
+        unfair = _unfair_peers(config, reader, measured, dataset.tolerance_s)
         rounds = []
         for repeat in range(config.repeats):
             rows = list(skipped.values())
@@ -717,7 +734,7 @@ def run_bench(config: BenchConfig) -> BenchReport:
                     log_level=logging.getLogger().getEffectiveLevel(),
                 )  # fmt: skip
                 row = dataclasses.replace(run_in_child(job), load_1m=load)
-                if name in unfair and row.status == "ok":
+                if name in unfair:  # (a failed row too: its error may be what the note foretells)
                     row = dataclasses.replace(row, note="; ".join(filter(None, (row.note, unfair[name]))))
                 rows.append(row)
                 progress_log.info(

@@ -379,6 +379,23 @@ def streaming_buffer_size() -> int | None:
     return int(default) if is_int(default) else None
 
 
+def streaming_looks_up_by_index() -> bool:
+    """Whether this LeRobot's ``StreamingLeRobotDataset`` looks a row's frames up at its global ``index`` / fps in
+    its episode's video file, as LeRobot 0.4 to 0.6.1 do (LeRobot issue #4524): right only where every episode's
+    video starts at that time, so a bench row of it elsewhere measures other frames. Read from its source; where
+    there is none to read, as every release up to 0.6.1."""
+    import inspect
+    import re
+
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+
+    try:
+        source = inspect.getsource(StreamingLeRobotDataset.make_frame)
+    except (AttributeError, OSError, TypeError):
+        return True
+    return re.search(r"""\[\s*["']index["']\s*\]\s*/\s*self\.fps""", source) is not None
+
+
 def lerobot_streaming_dataset(
     dataset: str | os.PathLike[str],
     *,

@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -1039,6 +1040,79 @@ def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided
         assert ("not a peer here" in streaming.note) != fair
         if not fair:
             assert f"shuffle buffer ({buffered} samples" in streaming.note and "dataset's 8 frames" in streaming.note
+
+
+@pytest.mark.parametrize(
+    ("episodes_per_file", "looks_up_by_index", "misplaced"),
+    [(3, True, 0), (1, True, 2), (2, True, 1), (1, False, 0)],
+    ids=["one_file", "file_per_episode", "two_files", "fixed_lerobot"],
+)
+def test_a_streaming_peer_that_would_read_other_frames_is_not_divided_by(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, episodes_per_file: int, looks_up_by_index: bool,
+    misplaced: int,
+) -> None:  # fmt: skip
+    """StreamingLeRobotDataset (LeRobot 0.4-0.6.1) looks a row's frames up at its global index / fps in its
+    episode's video file (LeRobot issue #4524): in a file per episode, or a second file, the episodes start at
+    other times (0 s, or 0.1 s after the file's first), so its row measured the decoding of other frames (or
+    failed): counted here from the episodes' from_timestamps, and only for a LeRobot that looks frames up so."""
+    from lerobot_dali import bench, bench_peers
+    from lerobot_dali.bench_types import LoaderResult
+
+    rates = {"lerobot-dali": 300.0, "pyav-dataloader": 100.0, "lerobot-streaming": 900.0}
+
+    def fake_run(job) -> LoaderResult:
+        return LoaderResult(
+            dataset=job.dataset.label, loader=job.loader, status="ok", batches=2, samples=2, frames=2,
+            window_s=2 / rates[job.loader], frames_per_s=rates[job.loader], samples_per_s=rates[job.loader],
+        )  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_in_child", fake_run)
+    monkeypatch.setattr(bench_peers, "lerobot_unavailable", lambda: None)
+    monkeypatch.setattr(bench_peers, "streaming_buffer_size", lambda: 4)
+    monkeypatch.setattr(bench_peers, "streaming_looks_up_by_index", lambda: looks_up_by_index)
+    # 3 episodes of 3 frames at 30 fps: the second one's rows start at index 3 (0.1 s)
+    root = make_ds(
+        episodes=3, frames_per_episode=3, cameras=2, size=(64, 64), codec="vp9", episodes_per_file=episodes_per_file
+    )
+    config = BenchConfig(
+        dataset=str(root), device="cpu", loaders=("lerobot-dali", "pyav-dataloader", "lerobot-streaming"),
+        batch_size=1, steps=2, warmup=1, out=tmp_path / "out",
+    )  # fmt: skip
+    ours, _, streaming = bench.run_bench(config).results
+    assert streaming.status == "ok" and streaming.frames_per_s == 900.0
+    assert ours.best_peer == ("pyav-dataloader" if misplaced else "lerobot-streaming")
+    if not misplaced:
+        assert streaming.note is None or "not a peer" not in streaming.note
+        return
+    assert streaming.note == (
+        "not a peer here: it looks each row's frames up at its index / fps in its episode's video file (LeRobot issue "
+        f"#4524), and {misplaced} of the dataset's 3 episodes start elsewhere in theirs, so it decodes other frames "
+        "than the rows name there, or fails"
+    )
+
+
+class _StreamingByIndex:  # what LeRobot 0.4.4 to 0.6.1 write
+    def make_frame(self, item: dict[str, Any]) -> float:
+        return item["index"] / self.fps  # type: ignore[attr-defined]
+
+
+class _StreamingByTimestamp:  # what its fix (LeRobot PR #4702) writes
+    def make_frame(self, item: dict[str, Any], from_timestamp: float) -> float:
+        return from_timestamp + item["timestamp"]
+
+
+@pytest.mark.parametrize(("streaming", "by_index"), [(_StreamingByIndex, True), (_StreamingByTimestamp, False)])
+def test_a_streaming_dataset_looking_frames_up_by_index_is_told_from_its_source(
+    monkeypatch: pytest.MonkeyPatch, streaming: type, by_index: bool
+) -> None:
+    import types
+
+    from lerobot_dali import bench_peers
+
+    module = types.ModuleType("lerobot.datasets.streaming_dataset")
+    module.StreamingLeRobotDataset = streaming  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "lerobot.datasets.streaming_dataset", module)
+    assert bench_peers.streaming_looks_up_by_index() is by_index
 
 
 def test_worker_start_script_counts_who_runs_the_training_script(tmp_path) -> None:

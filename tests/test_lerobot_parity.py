@@ -962,6 +962,59 @@ def test_an_unsorted_split_of_a_dataset_lerobot_writes_matches_lerobot(
 
 
 @needs_lerobot_04
+@pytest.mark.parametrize("split", [False, True], ids=["episodes_share_files", "file_and_chunk_per_episode"])
+def test_lerobots_streaming_dataset_matches_where_the_bench_counts_it_a_peer(lerobot_written, split: bool) -> None:
+    """``StreamingLeRobotDataset`` against lerobot-dali on LeRobot's own H.264 sets: where every episode's video
+    starts at its first index / fps (LeRobot's writer, one file for all) each sample it streams is ours; in a file
+    per episode, as the bench says (``lerobot_dali.bench``: "not a peer here", LeRobot issue #4524), the
+    LeRobot releases that look frames up by index read other frames there or fail."""
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+
+    from lerobot_dali import open_dataset
+    from lerobot_dali.bench import _episodes_not_at_index_time
+    from lerobot_dali.bench_peers import streaming_looks_up_by_index
+
+    root = lerobot_written("h264", split)
+    misplaced = _episodes_not_at_index_time(open_dataset(root), tolerance_s=1e-4)
+    assert misplaced == (len(LENGTHS) - 1 if split else 0)  # (episode 0 starts at 0 s either way)
+    streaming = StreamingLeRobotDataset(
+        f"local/{root.name}", root=root, delta_timestamps={k: list(v) for k, v in MARKED_WINDOWS.items()},
+        shuffle=False, buffer_size=10,
+    )  # fmt: skip
+    ours = _ours(root, MARKED_WINDOWS)
+    streamed, failed = {}, None
+    try:
+        for sample in streaming:
+            assert _sample_key(sample) not in streamed, f"sample {_sample_key(sample)} streamed twice"
+            streamed[_sample_key(sample)] = sample
+    except IndexError as e:  # torchcodec: a frame past the end of the episode's file
+        failed = e
+    other_frames = sorted(
+        key
+        for key, sample in streamed.items()
+        if any((sample[camera] - ours[key][camera]).abs().max().item() * 255 > 3.01 for camera in MARKED_CAMERAS)
+    )
+    if misplaced and streaming_looks_up_by_index():
+        assert failed is not None or other_frames, "it read every frame right where the bench says it does not"
+        return
+    assert failed is None and not other_frames, f"{failed!r}; other frames in samples {other_frames}"
+
+    def as_ours(sample: dict[str, Any]) -> dict[str, Any]:
+        """It streams scalar columns as Python numbers, which a DataLoader batches as int64 (as ours) and float64
+        (``timestamp``; ours float32, bench/README.md): as tensors, to compare."""
+        scalars = {k: v for k, v in sample.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        assert sorted(scalars) == ["episode_index", "frame_index", "index", "task_index", "timestamp"]
+        tensors = {
+            k: torch.tensor(v, dtype=torch.float32 if isinstance(v, float) else None) for k, v in scalars.items()
+        }
+        return {**sample, **tensors}
+
+    _assert_same_samples(
+        ours, list(streamed.values()), frame_check=_same_decode, video_keys=MARKED_CAMERAS, expected_of=as_ours
+    )
+
+
+@needs_lerobot_04
 def test_tasks_changing_within_episodes_match_lerobot(tmp_path: Path) -> None:
     """LeRobot's writer takes a task per frame: four tasks, each episode's changing every 3 frames; every sample's
     task and task_index as LeRobot's, over the whole dataset and an unsorted split."""
