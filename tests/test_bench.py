@@ -1008,11 +1008,9 @@ def test_each_run_records_the_load_it_started_at(
     assert [m.rsplit(" (", 1)[1] for m in started] == ["1-minute load 8.3)", "1-minute load 9.5)"]
 
 
-def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided_by(
-    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """StreamingLeRobotDataset decodes its shuffle buffer before its first batch: on `--quick`'s small datasets its
-    measured window only handed out decoded samples, came out fastest and so was every ratio's divisor."""
+def _streaming_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders measured as if run, LeRobot's importable: lerobot-dali at 300 frames/s, the PyAV peer at 100 and
+    StreamingLeRobotDataset at 900 (the ratios' divisor, where it counts as a peer)."""
     from lerobot_dali import bench, bench_peers
     from lerobot_dali.bench_types import LoaderResult
 
@@ -1026,6 +1024,16 @@ def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided
 
     monkeypatch.setattr(bench, "run_in_child", fake_run)
     monkeypatch.setattr(bench_peers, "lerobot_unavailable", lambda: None)
+
+
+def test_a_streaming_peer_whose_buffer_holds_the_measured_samples_is_not_divided_by(
+    make_ds, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """StreamingLeRobotDataset decodes its shuffle buffer before its first batch: on `--quick`'s small datasets its
+    measured window only handed out decoded samples, came out fastest and so was every ratio's divisor."""
+    from lerobot_dali import bench, bench_peers
+
+    _streaming_fastest(monkeypatch)
     root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")  # 8 frames
     config = BenchConfig(
         dataset=str(root), device="cpu", loaders=("lerobot-dali", "pyav-dataloader", "lerobot-streaming"),
@@ -1056,18 +1064,8 @@ def test_a_streaming_peer_that_would_read_other_frames_is_not_divided_by(
     other times (0 s, or 0.1 s after the file's first), so its row measured the decoding of other frames (or
     failed): counted here from the episodes' from_timestamps, and only for a LeRobot that looks frames up so."""
     from lerobot_dali import bench, bench_peers
-    from lerobot_dali.bench_types import LoaderResult
 
-    rates = {"lerobot-dali": 300.0, "pyav-dataloader": 100.0, "lerobot-streaming": 900.0}
-
-    def fake_run(job) -> LoaderResult:
-        return LoaderResult(
-            dataset=job.dataset.label, loader=job.loader, status="ok", batches=2, samples=2, frames=2,
-            window_s=2 / rates[job.loader], frames_per_s=rates[job.loader], samples_per_s=rates[job.loader],
-        )  # fmt: skip
-
-    monkeypatch.setattr(bench, "run_in_child", fake_run)
-    monkeypatch.setattr(bench_peers, "lerobot_unavailable", lambda: None)
+    _streaming_fastest(monkeypatch)
     monkeypatch.setattr(bench_peers, "streaming_buffer_size", lambda: 4)
     monkeypatch.setattr(bench_peers, "streaming_looks_up_by_index", lambda: looks_up_by_index)
     # 3 episodes of 3 frames at 30 fps: the second one's rows start at index 3 (0.1 s)
