@@ -1166,6 +1166,76 @@ def test_datasets_lerobots_recording_modes_write_match_lerobot(
 
 
 @needs_lerobot_04
+def test_a_frame_lerobots_streaming_encoder_drops_shifts_the_episode_in_lerobot_and_is_refused_here(
+    tmp_path: Path,
+) -> None:
+    """``streaming_encoding`` drops a frame where a camera's encoder queue stays full for 0.1 s (a slow encoder; it
+    warns and records on, LeRobot 0.4.4-0.6.1): that camera's video holds a frame fewer than the episode's rows, and
+    the episodes' from/to timestamps follow the video. Episode 1's frame 10 of one camera dropped through LeRobot's
+    own ``queue.Full`` path: LeRobot gives rows 10-28 frames 11-29 and the last row episode 2's first frame, without
+    a word; this refuses that row, naming the neighbouring episode. The other episodes read as LeRobot's."""
+    if not _writer_has("streaming_encoding"):
+        pytest.skip("this LeRobot's writer has no streaming_encoding")
+    import queue
+
+    import pyarrow.parquet as pq
+    from lerobot.datasets import video_utils
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from lerobot_dali.errors import FrameTimestampError
+
+    camera, dropped_at = MARKED_CAMERAS[0], LENGTHS[0] + 10  # (episode 1's frame 10: the camera's frame 22 fed)
+    feed_frame, fed = video_utils.StreamingVideoEncoder.feed_frame, []
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise queue.Full
+
+    def feed_once_full(self: Any, video_key: str, image: np.ndarray) -> None:
+        fed.append(video_key)
+        if video_key != camera or fed.count(camera) != dropped_at + 1:
+            return feed_frame(self, video_key, image)
+        self._frame_queues[video_key].put = full
+        try:
+            return feed_frame(self, video_key, image)
+        finally:
+            del self._frame_queues[video_key].put
+
+    root = tmp_path / "dropped"
+    dataset = LeRobotDataset.create(
+        f"local/{root.name}", fps=FPS, features=_marked_features("h264"), root=root, **_encoder("h264"),
+        streaming_encoding=True,
+    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(video_utils.StreamingVideoEncoder, "feed_frame", feed_once_full)
+        _record(dataset, range(len(LENGTHS)))
+    dataset.finalize()
+    (episodes_file,) = root.glob("meta/episodes/*/*.parquet")
+    episodes = sorted(pq.read_table(episodes_file).to_pylist(), key=lambda row: row["episode_index"])
+
+    def frames_in_file(key: str) -> list[int]:
+        """Each episode's part of camera ``key``'s video file, in frames (its to - from timestamp, times fps)."""
+        video = f"videos/{key}"
+        return [round((row[f"{video}/to_timestamp"] - row[f"{video}/from_timestamp"]) * FPS) for row in episodes]
+
+    assert [frames_in_file(key) for key in MARKED_CAMERAS] == [[12, 29, 7, 25, 16], LENGTHS]
+
+    theirs = _lerobot(root, {})
+    first = LENGTHS[0]
+    markers = []
+    for position in range(first, first + LENGTHS[1]):
+        image = (theirs[position][camera].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+        marker = read_full_marker(image)
+        markers.append((marker.episode_index, marker.frame_index))
+    assert markers == [(1, f) for f in range(10)] + [(1, f) for f in range(11, 30)] + [(2, 0)]
+    with pytest.raises(FrameTimestampError, match=rf"episode 1, camera {camera} .*neighbouring episode, the next"):
+        _ours(root, {})
+    others = [0, 2, 3, 4]
+    ours = _ours(root, MARKED_WINDOWS, episodes=others)
+    _assert_same_samples(ours, _lerobot(root, MARKED_WINDOWS, episodes=others), frame_check=_same_decode)
+    _assert_marked_frames(ours)
+
+
+@needs_lerobot_04
 def test_lerobots_batch_encoding_fails_recording_a_new_dataset(tmp_path: Path) -> None:
     """``batch_encoding_size=3`` (videos encoded every 3 episodes, the rest at finalize) does not record in LeRobot
     0.4-0.6.1: saving episode 2 encodes the batch, which reads the episodes' metadata before any is written
