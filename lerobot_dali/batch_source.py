@@ -60,8 +60,9 @@ logger = logging.getLogger(__name__)
 
 class CameraFormat(NamedTuple):
     """What every file of a video camera must share with its first: the size (a batch is one tensor); where DALI
-    decodes the camera (NVDEC, or its CPU decoder for VP8/VP9/MJPEG), the codec; and on NVDEC the pixel format (its
-    probe decoded the first file's) and the colour tags (the graph's colour correction is the first file's). Where
+    decodes the camera (NVDEC, or its CPU decoder for VP8/VP9/MJPEG), the codec and the colour tags (both decoders
+    convert as BT.601: the graph's colour correction is the first file's); on NVDEC the pixel format (its probe
+    decoded the first file's). Where
     the workers decode it, each file has a decoder of its own, of any codec, converting any pixel format and colour
     space: LeRobot 0.4's ``delete_episodes`` and ``split_dataset`` re-encode the files they cut as AV1 and keep the
     others, so a camera may mix codecs."""
@@ -70,17 +71,18 @@ class CameraFormat(NamedTuple):
     height: int
     width: int
     pix_fmt: str | None = None  # None: any (not on NVDEC)
-    color: tuple[int, bool] | None = None  # (AVColorSpace, full range); None: any (not on NVDEC)
+    color: tuple[int, bool] | None = None  # (AVColorSpace, full range); None: any (not decoded by DALI)
     route: DecodeRoute = DecodeRoute.CPU_FALLBACK
 
     @classmethod
     def of(cls, index: PacketIndex | FileFormat, *, route: DecodeRoute) -> CameraFormat:
         """The format of a file (its packet index, or its header: :mod:`~lerobot_dali.camera_codecs`) as far as
         ``route`` holds the camera's other files to it."""
-        if route is not DecodeRoute.NVDEC:
+        if route.dali_device is None:
             return cls(index.codec, index.height, index.width, route=route)
         color = stream_color(index.template) if isinstance(index, PacketIndex) else index.color
-        return cls(index.codec, index.height, index.width, index.pix_fmt, color, route)
+        pix_fmt = index.pix_fmt if route is DecodeRoute.NVDEC else None
+        return cls(index.codec, index.height, index.width, pix_fmt, color, route)
 
     @property
     def nvdec(self) -> bool:
@@ -99,8 +101,8 @@ class CameraFormat(NamedTuple):
         if (found.height, found.width) != (self.height, self.width) or found.codec == self.codec:
             raise SchemaMismatchError(
                 f"{path} (episode {episode}, camera {camera!r}) is {found}, but the camera's first file is {self}; "
-                "a camera's videos must share one size (where DALI decodes them, one codec; on NVDEC, pixel format "
-                "and colour tags too: the first file set them up): re-encode this file"
+                "a camera's videos must share one size (where DALI decodes them, one codec and colour tags; on NVDEC, "
+                "pixel format too: the first file set them up): re-encode this file"
             )
         decoder = "NVDEC" if self.nvdec else "DALI's CPU decoder"
         # (decode='cpu' still sends VP8/VP9/MJPEG to DALI's CPU decoder)
@@ -115,7 +117,8 @@ class CameraFormat(NamedTuple):
     def __str__(self) -> str:
         text = f"{self.codec} {self.height}x{self.width} (HxW)"
         if self.color is not None:
-            text += f" {self.pix_fmt}, colour space {self.color[0]}{' full range' if self.color[1] else ''}"
+            text += "" if self.pix_fmt is None else f" {self.pix_fmt},"
+            text += f" colour space {self.color[0]}{' full range' if self.color[1] else ''}"
         return text
 
 

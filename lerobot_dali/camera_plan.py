@@ -38,7 +38,7 @@ from .said_once import say_once, warn_once
 from .wording import counted
 from .yuv_frames import has_color_matrix, nvdec_color_fix
 
-__all__ = ["CameraPlanner", "CameraRouter", "nvdec_color_fixes", "route_for_survey"]
+__all__ = ["CameraPlanner", "CameraRouter", "dali_color_fixes", "route_for_survey"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def route_for_survey(
     survey: CameraSurvey, route: DecodeRoute, preference: DecodePreference, *, on_gpu: bool
 ) -> DecodeRoute:
     """``route`` (the camera's first file's), or the workers' where DALI decodes it (NVDEC or its CPU decoder) and
-    the camera's files (``survey``) differ in what that decoder holds them to: codec (on NVDEC pixel format and colour
-    too), :func:`~.decode_route.route_for_codecs`. The iterator's choice, which ``diagnose`` shows."""
+    the camera's files (``survey``) differ in what that decoder holds them to: codec and colour tags (on NVDEC pixel
+    format too), :func:`~.decode_route.route_for_codecs`. The iterator's choice, which ``diagnose`` shows."""
     if not route.dali_device:  # (the workers give each file a decoder of its own: only the size has to agree)
         return route
     if survey.first is None or not survey.unlike(CameraFormat.of(survey.first, route=route)):
@@ -274,7 +274,7 @@ class CameraPlanner(CameraRouter):
                           *declared[::-1], index.width, index.height, index.source_name,
                           "" if self.image_size is None else " before image_size resizes them")  # fmt: skip
         self.camera_formats = self.check_cameras(routes, indexes, first_rows, dict(zip(firsts, others, strict=True)))
-        self.color_fixes = nvdec_color_fixes(self.camera_formats)
+        self.color_fixes = dali_color_fixes(self.camera_formats)
         self.pix_fmts = {
             camera: index.pix_fmt if camera not in self.surveys else self.surveys[camera].planes_pix_fmt()
             for camera, index in indexes.items()
@@ -325,25 +325,26 @@ class CameraPlanner(CameraRouter):
         return feeds
 
 
-def nvdec_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:
-    """Per NVDEC camera (its format holds the colour tags of its first file) whose stream is tagged with another
-    colour matrix than BT.601 (which NVDEC's output assumes), the correction the graph applies
-    (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
+def dali_color_fixes(formats: Mapping[str, CameraFormat]) -> dict[str, tuple[tuple[float, ...], ...]]:
+    """Per camera DALI decodes (NVDEC or its CPU decoder; its format holds the colour tags of its first file) whose
+    stream is tagged with another colour matrix than BT.601 (which both decoders' output assumes), the correction
+    the graph applies (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`)."""
     fixes = {}
     for camera, fmt in formats.items():
-        if fmt.color is None:  # not on NVDEC
+        if fmt.color is None:  # decoded by the workers (swscale, by its tags)
             continue
         colorspace, full_range = fmt.color
         fix = nvdec_color_fix(colorspace, full_range)
+        decoder = "NVDEC" if fmt.nvdec else "DALI's CPU decoder"
         if not has_color_matrix(colorspace):
             warn_once(logger,
-                "camera %s is tagged colour space %d, which NVDEC (DALI) converts as BT.601 and lerobot_dali cannot "
-                "correct; its colours may differ from the CPU routes' (decode='cpu' gives PyAV's)", camera, colorspace,
+                "camera %s is tagged colour space %d, which %s converts as BT.601 and lerobot_dali cannot correct; its "
+                "colours may differ from the workers' routes' (PyAV's)", camera, colorspace, decoder,
             )  # fmt: skip
         if fix is not None:
             fixes[camera] = tuple(tuple(row) for row in fix.tolist())
             say_once(logger, logging.INFO,
-                "camera %s is tagged colour space %d: NVDEC's BT.601 RGB is converted to it on the GPU", camera,
-                colorspace,
+                "camera %s is tagged colour space %d: %s's BT.601 RGB is converted to it in the pipeline", camera,
+                colorspace, decoder,
             )  # fmt: skip
     return fixes

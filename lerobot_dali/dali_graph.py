@@ -85,8 +85,8 @@ class Field:
     presized: bool = False
     #: Camera fields: colour channels of the frames (1 for grey image cameras).
     channels: int = 3
-    #: CLIP on NVDEC only: ``[M | T]`` rows that take NVDEC's BT.601 RGB to the stream's tagged colour space
-    #: (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`); None where they agree.
+    #: CLIP (NVDEC, DALI's CPU decoder) only: ``[M | T]`` rows that take DALI's BT.601 RGB to the stream's tagged
+    #: colour space (:func:`~lerobot_dali.yuv_frames.nvdec_color_fix`); None where they agree.
     color_fix: tuple[tuple[float, ...], ...] | None = None
     #: AUGMENT_DRAW only: the draw stream (``augment_draws.stream_name``) and the parameter's name.
     stream: str = ""
@@ -114,7 +114,7 @@ class CameraFeed:
     worker_size: tuple[int, int] | None = None
     #: CPU_FALLBACK only: a depth-map camera; the worker ships depth (``DEPTH`` field), not colour.
     depth: bool = False
-    #: NVDEC only: the colour correction its frames need (:attr:`Field.color_fix`).
+    #: Cameras DALI decodes only: the colour correction its frames need (:attr:`Field.color_fix`).
     color_fix: tuple[tuple[float, ...], ...] | None = None
     #: Cameras DALI decodes only: samples of a batch that read one file decode one clip (:mod:`.clip_sharing`).
     share_clips: bool = False
@@ -127,8 +127,8 @@ class CameraFeed:
             raise ValueError("a worker shipping planes never resizes (the graph converts, then resizes)")
         if self.depth and (self.planes or self.worker_size is not None):
             raise ValueError("a depth camera ships depth: no planes, no worker resize")
-        if self.color_fix is not None and self.route is not DecodeRoute.NVDEC:
-            raise ValueError(f"color_fix corrects NVDEC's colour conversion, got route {self.route}")
+        if self.color_fix is not None and self.route.dali_device is None:
+            raise ValueError(f"color_fix corrects DALI's colour conversion, got route {self.route}")
         if self.share_clips and self.route.dali_device is None:
             raise ValueError(f"only clips DALI decodes are shared, got route {self.route}")
 
@@ -159,9 +159,9 @@ def camera_feed(
     into the YUV -> RGB conversion it does anyway and ships small frames through shared memory.
     """
     if route is not DecodeRoute.CPU_FALLBACK or depth:
-        nvdec = route is DecodeRoute.NVDEC
-        shared = share_clips and route.dali_device is not None
-        return CameraFeed(route, depth=depth, color_fix=color_fix if nvdec else None, share_clips=shared)
+        by_dali = route.dali_device is not None
+        fix = color_fix if by_dali else None
+        return CameraFeed(route, depth=depth, color_fix=fix, share_clips=share_clips and by_dali)
     if cpu_decode.converts_in_graph(on_gpu=on_gpu):
         return CameraFeed(route, planes=True)
     return CameraFeed(route, worker_size=None if on_gpu else leading_resize(augment, image_size))

@@ -175,15 +175,17 @@ def route_for_codecs(
     formats: Mapping[str, int] | None = None,
 ) -> DecodeRoute:
     """The route for camera ``label`` whose files mix ``codecs`` (codec -> files: a union's datasets' first files, or
-    every file, :mod:`~lerobot_dali.camera_codecs`), or share one codec in several NVDEC ``formats`` (format -> files):
-    the workers, which give each file a decoder of its own, since NVDEC and DALI's CPU decoder decode a camera in one
-    codec (NVDEC in one pixel format and colour space). Where a DALI decoder is passed over (NVDEC on a GPU, DALI's
-    CPU decoder for VP8/VP9/MJPEG), one warning says so and how to copy the dataset in one codec.
+    every file, :mod:`~lerobot_dali.camera_codecs`), or share one codec in several ``formats`` of a DALI decoder's
+    (format -> files): the workers, which give each file a decoder of its own, since NVDEC and DALI's CPU decoder
+    decode a camera in one codec and colour space (NVDEC in one pixel format too). Where a DALI decoder is passed
+    over (NVDEC on a GPU, DALI's CPU decoder for VP8/VP9/MJPEG), one warning says so and how to copy the dataset in
+    one codec.
     Raises CodecUnsupportedError for ``decode="gpu"`` and where PyAV and torchcodec lack a decoder for one of them."""
     preference = DecodePreference.parse(decode)
     what = f"{label} (files of {counts_text(formats, colon=True) if formats else counts_text(codecs)})"
     one = "one pixel format and colour space" if formats else "one codec"
-    takes = f"NVDEC takes {one}" if formats else f"NVDEC and DALI's CPU decoder take {one}"
+    dali_cpu = " (DALI's CPU decoder one colour space)"
+    takes = f"NVDEC takes {one}{dali_cpu}" if formats else f"NVDEC and DALI's CPU decoder take {one}"
     # (reencode keeps each file's colour tags: a copy in one codec, not in one colour space)
     copy = "" if formats else "; lerobot-dali reencode copies a dataset in one codec"
     if preference is DecodePreference.GPU:

@@ -2032,15 +2032,20 @@ def test_a_camera_file_of_another_codec_is_refused_naming_it_and_the_copy_that_m
     from lerobot_dali.decode_route import DecodeRoute
     from lerobot_dali.errors import SchemaMismatchError
 
-    first = CameraFormat.of(SimpleNamespace(codec="vp9", height=48, width=64), route=DecodeRoute.DALI_CPU)
-    av1 = SimpleNamespace(codec="av1", height=48, width=64)
+    untagged = (2, False)  # (colour space, full range), which DALI's CPU decoder holds a camera's files to
+    first = CameraFormat.of(
+        SimpleNamespace(codec="vp9", height=48, width=64, color=untagged), route=DecodeRoute.DALI_CPU
+    )
+    av1 = SimpleNamespace(codec="av1", height=48, width=64, color=untagged)
     with pytest.raises(SchemaMismatchError, match=r"^cut\.mp4 \(episode 3, camera 'top'\) is av1, but the "
-                       r"camera's first file is vp9 48x64 \(HxW\), .*DALI's CPU decoder.*`lerobot-dali reencode`"
-                       r".*others\)$"):  # fmt: skip
+                       r"camera's first file is vp9 48x64 \(HxW\) colour space 2, .*DALI's CPU decoder"
+                       r".*`lerobot-dali reencode`.*others\)$"):  # fmt: skip
         first.check(av1, path="cut.mp4", episode=3, camera="top")
     with pytest.raises(SchemaMismatchError, match=r"re-encode this file$"):
-        first.check(SimpleNamespace(codec="vp9", height=96, width=64), path="big.mp4", episode=4, camera="top")
-    first.check(SimpleNamespace(codec="vp9", height=48, width=64), path="same.mp4", episode=5, camera="top")
+        first.check(SimpleNamespace(codec="vp9", height=96, width=64, color=untagged), path="big.mp4", episode=4,
+                    camera="top")  # fmt: skip
+    first.check(SimpleNamespace(codec="vp9", height=48, width=64, color=untagged), path="same.mp4", episode=5,
+                camera="top")  # fmt: skip
 
 
 class _Workers:

@@ -18,10 +18,12 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -1870,3 +1872,202 @@ def test_a_dataset_lerobots_reencode_dataset_rewrites_matches_lerobot(lerobot_wr
     root = copy_ds(lerobot_written("libsvtav1", True))
     tools.reencode_dataset(_loaded(root), rgb_encoder=RGBEncoderConfig(vcodec="hevc", g=4))
     _assert_edit_matches(root, range(5), MARKED_WINDOWS)
+
+
+#: Colour tags and pixel formats users' own videos have, beside what LeRobot's recorder writes (untagged BT.601,
+#: limited range yuv420p): name -> (codec, pix_fmt, colour tags (space, primaries, transfer) or None, range).
+COLOUR_CASES: dict[str, tuple[str, str, tuple[int, int, int] | None, int | None]] = {
+    "untagged": ("h264", "yuv420p", None, None),
+    "bt601-tagged": ("h264", "yuv420p", (6, 6, 6), 1),
+    "bt709": ("h264", "yuv420p", (1, 1, 1), 1),
+    "bt2020": ("h264", "yuv420p", (9, 9, 14), 1),
+    "yuvj420p": ("h264", "yuvj420p", None, None),
+    "full-range-tag": ("h264", "yuv420p", None, 2),
+    "bt709-full-range": ("h264", "yuv420p", (1, 1, 1), 2),
+    "yuv444p": ("h264", "yuv444p", None, None),
+    "bt709-yuv444p": ("h264", "yuv444p", (1, 1, 1), 1),
+    "h264-gray": ("h264", "gray", None, None),
+    "hevc-gray": ("hevc", "gray", None, None),
+    "hevc-10bit": ("hevc", "yuv420p10le", None, None),
+    "hevc-10bit-bt2020": ("hevc", "yuv420p10le", (9, 9, 14), 1),
+    "av1-10bit": ("av1", "yuv420p10le", None, None),
+    "av1-bt709": ("av1", "yuv420p", (1, 1, 1), 1),
+}
+#: Saturated bars over the bottom rows of every frame, where a colour matrix or range misread shows most.
+_BARS = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (250, 200, 20), (20, 200, 250), (200, 30, 160)], np.uint8)
+_COLOUR_GOP = {"h264": 30, "hevc": 8, "av1": 2}
+
+
+def _recoloured(root: Path, case: str, *, untagged: bool = False, sample_aspect_ratio: Fraction | None = None) -> Path:
+    """``root`` (a writable dataset) with each video re-encoded as ``COLOUR_CASES[case]`` says (``untagged``: without
+    its colour tags, its range kept), each frame at its own timestamp, saturated bars over its bottom rows
+    (``video.pix_fmt`` and ``video.codec`` in info.json follow)."""
+    from lerobot_dali.video_encoding import encoder_settings
+
+    codec, pix_fmt, tags, color_range = COLOUR_CASES[case]
+    tags = None if untagged else tags
+    videos = sorted((root / "videos").rglob("*.mp4"))
+    for path in videos:
+        with av.open(str(path)) as source:
+            stream = source.streams.video[0]
+            fps = int(stream.base_rate)
+            frames = [(round(f.time * fps), f.to_ndarray(format="rgb24")) for f in source.decode(stream)]
+        settings = encoder_settings(codec, gop=_COLOUR_GOP[codec])
+        with av.open(str(path), "w", format="mp4") as out:
+            stream = out.add_stream(settings.encoder, rate=fps)
+            stream.width, stream.height, stream.pix_fmt = frames[0][1].shape[1], frames[0][1].shape[0], pix_fmt
+            context = stream.codec_context
+            context.time_base = Fraction(1, fps)
+            if tags is not None:
+                context.colorspace, context.color_primaries, context.color_trc = tags
+            if color_range is not None:
+                context.color_range = color_range
+            if sample_aspect_ratio is not None:
+                context.sample_aspect_ratio = sample_aspect_ratio
+            stream.options = dict(settings.options)
+            for pts, rgb in frames:
+                width = rgb.shape[1]
+                for bar in range(len(_BARS)):
+                    rgb[-24:, bar * width // 6 : (bar + 1) * width // 6] = _BARS[(bar + pts // 3) % len(_BARS)]
+                frame = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format=pix_fmt)
+                if tags is not None:
+                    frame.colorspace = tags[0]
+                if color_range is not None:
+                    frame.color_range = color_range
+                frame.pts, frame.time_base = pts, Fraction(1, fps)
+                out.mux(stream.encode(frame))
+            out.mux(stream.encode(None))
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    with av.open(str(videos[0])) as container:
+        context = container.streams.video[0].codec_context
+        for feature in info["features"].values():
+            if feature.get("dtype") == "video":
+                feature["info"].update({"video.codec": context.codec.canonical_name, "video.pix_fmt": context.pix_fmt})
+    info_path.write_text(json.dumps(info, indent=4))
+    return root
+
+
+def _colour_ds(make_ds, tmp_path: Path, case: str, size: tuple[int, int] = (96, 128), **options: Any) -> Path:
+    """A copy of the generated H.264 set of frames ``size`` (under ``tmp_path``, named for the case) recoloured as
+    ``case``."""
+    source = make_ds(
+        codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=2, version=DATASET_VERSION, size=size
+    )
+    root = tmp_path / f"{case}{'-untagged' if options.get('untagged') else ''}"
+    shutil.copytree(source, root)
+    for path in root.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return _recoloured(root, case, **options)
+
+
+def _pyav_route(**options: Any) -> dict[str, Any]:
+    return {"cpu_decode": CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), **options}
+
+
+#: LeRobot's ``video_backend="pyav"`` decodes with PyAV itself from 0.5; 0.4's is torchvision's ``VideoReader``,
+#: which torchvision 0.28 (what LeRobot 0.4.4 installs with torch 2.13) no longer has.
+needs_lerobots_pyav_decoder = pytest.mark.skipif(
+    (_installed_lerobot() or (0, 0)) < (0, 5), reason="LeRobot's pyav backend decodes with PyAV from 0.5"
+)
+#: Where torchcodec (LeRobot's default backend) and PyAV's ``to_ndarray("rgb24")`` (LeRobot's pyav backend and
+#: lerobot-dali's PyAV route) part: 10-bit 4:2:0 goes through swscale's scaler, torchcodec's with ``SWS_BICUBIC``,
+#: PyAV's with ``SWS_BILINEAR``, and their chroma upsampling differs at colour edges.
+TEN_BIT_CASES = ("hevc-10bit", "hevc-10bit-bt2020", "av1-10bit")
+
+
+@pytest.mark.parametrize("case", sorted(COLOUR_CASES))
+def test_colour_tags_ranges_and_pixel_formats_match_lerobot(make_ds, tmp_path: Path, case: str) -> None:
+    """A camera tagged BT.709 or BT.2020, full range, 4:4:4, grey, 10-bit HEVC or AV1: every sample as LeRobot's
+    (its default decoder, torchcodec, converting by the stream's tags as swscale does), on lerobot-dali's default
+    CPU route and, but for 10-bit (``TEN_BIT_CASES``), on its PyAV route too. 0 levels apart with LeRobot 0.6.1."""
+    root = _colour_ds(make_ds, tmp_path, case)
+    theirs = _lerobot(root, WINDOWS)
+    _assert_same_samples(_ours(root, WINDOWS), theirs, frame_check=_same_decode)
+    if case not in TEN_BIT_CASES:
+        _assert_same_samples(_ours(root, WINDOWS, **_pyav_route()), theirs, frame_check=_same_decode)
+
+
+@pytest.mark.parametrize("case", ["untagged", "bt709", "yuvj420p"])
+def test_a_width_torchcodec_converts_with_ffmpegs_filter_graph_matches_lerobot(make_ds, tmp_path: Path, case) -> None:
+    """torchcodec converts frames whose width is no multiple of 32 (a RealSense's 848 or 424) with FFmpeg's filter
+    graph, not swscale directly: 144 wide, every sample as LeRobot's on both routes (0 levels apart, LeRobot 0.6.1)."""
+    root = _colour_ds(make_ds, tmp_path, case, size=(96, 144))
+    theirs = _lerobot(root, WINDOWS)
+    assert theirs[0]["observation.images.cam1"].shape == (3, 96, 144)
+    _assert_same_samples(_ours(root, WINDOWS), theirs, frame_check=_same_decode)
+    _assert_same_samples(_ours(root, WINDOWS, **_pyav_route()), theirs, frame_check=_same_decode)
+
+
+def test_a_non_square_sample_aspect_ratio_is_ignored_as_by_lerobot(make_ds, tmp_path: Path) -> None:
+    """Pixels 2:1 wide (the H.264 VUI's aspect ratio): every route and LeRobot give the stored 96x128 frames."""
+    root = _colour_ds(make_ds, tmp_path, "untagged", sample_aspect_ratio=Fraction(2, 1))
+    with av.open(str(next((root / "videos").rglob("*.mp4")))) as container:
+        assert container.streams.video[0].codec_context.sample_aspect_ratio == Fraction(2, 1)
+    theirs = _lerobot(root, WINDOWS)
+    assert theirs[0]["observation.images.cam1"].shape == (3, 96, 128)
+    _assert_same_samples(_ours(root, WINDOWS), theirs, frame_check=_same_decode)
+    _assert_same_samples(_ours(root, WINDOWS, **_pyav_route()), theirs, frame_check=_same_decode)
+
+
+def _max_levels(ours: dict[Any, dict[str, Any]], theirs: Any) -> float:
+    """The largest difference, in levels, between any frame of ours and LeRobot's."""
+    return max(
+        (ours[_sample_key(sample)][key] - sample[key]).abs().max().item() * 255
+        for sample in (theirs[i] for i in range(len(theirs)))
+        for key in theirs.meta.video_keys
+    )
+
+
+@needs_lerobots_pyav_decoder
+@pytest.mark.parametrize("case", ["bt709", "bt2020", "bt709-full-range", "bt709-yuv444p", "av1-bt709"])
+def test_lerobots_pyav_backend_converts_bt709_and_bt2020_as_bt601(make_ds, tmp_path: Path, case: str) -> None:
+    """LeRobot's ``video_backend="pyav"`` takes PyAV's ``to_ndarray("rgb24")``, which in PyAV 15 (what LeRobot 0.5+
+    pins) converts every stream as BT.601 whatever its colour tags: its frames are those of the same video untagged
+    (28-30 levels off on saturated colours), where lerobot-dali gives the tagged colours on every route, as
+    LeRobot's default decoder (torchcodec) does (test above). Pinned as a deliberate difference."""
+    root, plain = _colour_ds(make_ds, tmp_path, case), _colour_ds(make_ds, tmp_path, case, untagged=True)
+    theirs = _lerobot(root, WINDOWS, video_backend="pyav")
+    for options in ({}, _pyav_route()):
+        ours = _ours(root, WINDOWS, **options)
+        assert _max_levels(ours, theirs) > 20
+        _assert_same_samples(ours, _lerobot(root, WINDOWS), frame_check=_same_decode)
+    _assert_same_samples(_ours(plain, WINDOWS, **_pyav_route()), theirs, frame_check=_same_decode)
+
+
+@pytest.mark.parametrize("case", TEN_BIT_CASES)
+def test_ten_bit_video_converts_as_each_of_lerobots_decoders_does(make_ds, tmp_path: Path, case: str) -> None:
+    """10-bit 4:2:0 (HEVC, AV1): lerobot-dali's default CPU route decodes with torchcodec where it loads, as LeRobot's
+    default backend does, and gives its frames; its PyAV route gives PyAV's ``to_ndarray("rgb24")``, as LeRobot's pyav
+    backend does. The two part at colour edges (torchcodec's swscale upsamples chroma bicubically, PyAV's bilinearly:
+    up to 70-83 levels there, 0.7 on average, LeRobot 0.6.1): pinned, each side as LeRobot's decoder of its kind."""
+    root = _colour_ds(make_ds, tmp_path, case)
+    torchcodec_frames = _lerobot(root, WINDOWS)
+    _assert_same_samples(_ours(root, WINDOWS), torchcodec_frames, frame_check=_same_decode)
+    pyav_route = _ours(root, WINDOWS, **_pyav_route())
+    assert _max_levels(pyav_route, torchcodec_frames) > 20
+    untagged = COLOUR_CASES[case][2] is None  # (LeRobot's pyav backend converts BT.2020 as BT.601: test above)
+    if untagged and (_installed_lerobot() or (0, 0)) >= (0, 5):  # (needs_lerobots_pyav_decoder)
+        _assert_same_samples(pyav_route, _lerobot(root, WINDOWS, video_backend="pyav"), frame_check=_same_decode)
+
+
+def test_a_turned_video_comes_as_stored_where_lerobots_torchcodec_turns_it(make_ds, tmp_path: Path) -> None:
+    """A phone's portrait recording (a quarter turn in the track header's display matrix): lerobot-dali gives the
+    stored 96x128 picture on every route (README, CPU decoding); LeRobot's torchcodec turns it upright (128x96), its
+    pyav backend (0.5+) does not. Pinned: LeRobot's torchcodec frames are ours turned."""
+    from tests.test_cpu_decode import _TURNS, _turned
+
+    root = _colour_ds(make_ds, tmp_path, "untagged")
+    for path in sorted((root / "videos").rglob("*.mp4")):
+        _turned(path, path, _TURNS["quarter"])
+    theirs = _lerobot(root, WINDOWS)
+    assert theirs[0]["observation.images.cam1"].shape == (3, 128, 96)
+
+    def turned_back(sample: dict[str, Any]) -> dict[str, Any]:
+        return {k: torch.rot90(v, 1, dims=(-2, -1)) if k in theirs.meta.video_keys else v for k, v in sample.items()}
+
+    for options in ({}, _pyav_route()):
+        ours = _ours(root, WINDOWS, **options)
+        _assert_same_samples(ours, theirs, frame_check=_same_decode, expected_of=turned_back)
+        if (_installed_lerobot() or (0, 0)) >= (0, 5):
+            _assert_same_samples(ours, _lerobot(root, WINDOWS, video_backend="pyav"), frame_check=_same_decode)

@@ -158,8 +158,9 @@ def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(
 
 def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(make_ds, copy_ds, caplog) -> None:
     """NVDEC's colour correction is the first file's: an H.264 file tagged BT.709 among BT.601 ones (one codec) went
-    to NVDEC and failed when a batch reached it; now its camera goes to the workers when built (a fake GPU), and
-    DALI's CPU decoder, which converts no colours, keeps it."""
+    to NVDEC and failed when a batch reached it; now its camera goes to the workers when built (a fake GPU), as it
+    does from DALI's CPU decoder, which converts as BT.601 too and takes the first file's correction (it kept such a
+    camera, giving the BT.709 file BT.601's colours, until 2026-12-06)."""
     root = copy_ds(make_ds(**SPEC, codec="h264"))
     with av.open(str(root / CUT)) as source:
         frames = [frame.to_ndarray(format="rgb24") for frame in source.decode(video=0)]
@@ -180,9 +181,11 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
         f"{CAM} (files of h264 64x96 (HxW) yuv420p, colour space 2: 2 files; h264 64x96 (HxW) yuv420p, colour space 1: "
         "1 file): decoded in the workers" in caplog.text
     )
-    assert CameraPlanner._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO) is (
-        DecodeRoute.DALI_CPU
-    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        route = CameraPlanner._route_for_files(built, CAM, DecodeRoute.DALI_CPU, DecodePreference.AUTO)
+    assert route is DecodeRoute.CPU_FALLBACK
+    assert "h264 64x96 (HxW) colour space 2: 2 files; h264 64x96 (HxW) colour space 1: 1 file" in caplog.text
 
 
 def test_a_remote_cameras_files_are_surveyed_through_the_packet_index_store(make_ds, copy_ds, tmp_path, monkeypatch):
@@ -405,7 +408,7 @@ def test_a_file_past_the_survey_in_another_codec_fails_the_batch_that_reaches_it
     assert it.routes == {CAM: DecodeRoute.DALI_CPU}
     with pytest.raises(SchemaMismatchError, match=(
         rf"file-001\.mp4 \(episode 2, camera '{re.escape(CAM)}'\) is av1, but the camera's first file is vp9 "
-        r"64x96 \(HxW\), which sent the camera to DALI's CPU decoder"
+        r"64x96 \(HxW\) colour space 2, which sent the camera to DALI's CPU decoder"
     )):  # fmt: skip
         list(it)
     it.close()

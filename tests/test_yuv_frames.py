@@ -108,15 +108,20 @@ PATCH_COLOURS = [(180, 120, 60), (60, 150, 200), (200, 90, 140), (90, 170, 90), 
 PATCH_SIDE = 32
 
 
-def encode_flat_patches(path: Path, *, width: int, height: int, colorspace: int, full: bool = False) -> Path:
-    """H.264 frames of flat colour patches (``PATCH_SIDE`` squares), tagged ``colorspace`` (and full range)."""
+def encode_flat_patches(
+    path: Path, *, width: int, height: int, colorspace: int, full: bool = False, encoder: str = "libx264",
+    frames: int = 4, rate: int = 10,
+) -> Path:  # fmt: skip
+    """``frames`` H.264 (``encoder``'s) frames of flat colour patches (``PATCH_SIDE`` squares, moved by one a frame),
+    tagged ``colorspace`` (and full range), frame i at pts i / ``rate``."""
     with av.open(str(path), "w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=10)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuvj420p" if full else "yuv420p"
+        stream = container.add_stream(encoder, rate=rate)
+        stream.width, stream.height = width, height
+        stream.pix_fmt = "yuvj420p" if full and encoder == "libx264" else "yuv420p"
         stream.codec_context.colorspace = colorspace
         if full:
             stream.codec_context.color_range = 2
-        for i in range(4):
+        for i in range(frames):
             rows, cols = np.indices((height // PATCH_SIDE, width // PATCH_SIDE))
             colours = np.array(PATCH_COLOURS, np.uint8)[(rows + cols + i) % len(PATCH_COLOURS)]
             image = np.repeat(np.repeat(colours, PATCH_SIDE, axis=0), PATCH_SIDE, axis=1)
@@ -372,14 +377,15 @@ def test_planes_rule(route, on_gpu, conversion, expected) -> None:
     assert feed.worker_size is None or not expected
 
 
-def test_camera_feed_keeps_a_depth_camera_depth_and_the_colour_fix_for_nvdec_only() -> None:
-    """The plan passes every camera its stream's colour fix and depth flag; only NVDEC's RGB takes the fix, and a
-    depth camera ships depth whatever the colour conversion would pick for a colour camera on its route."""
+def test_camera_feed_keeps_a_depth_camera_depth_and_the_colour_fix_for_dalis_decoders_only() -> None:
+    """The plan passes every camera its stream's colour fix and depth flag; only the RGB of DALI's decoders (NVDEC,
+    its CPU decoder: both convert as BT.601) takes the fix, and a depth camera ships depth whatever the colour
+    conversion would pick for a colour camera on its route."""
     fix = ((1.0, 0.0, 0.0, 0.0),) * 3
     graph = CpuDecodeOptions(color_conversion=ColorConversion.GRAPH)
     options = dict(cpu_decode=graph, augment=None, image_size=(32, 32), color_fix=fix)
     assert camera_feed(DecodeRoute.NVDEC, on_gpu=True, **options) == CameraFeed(DecodeRoute.NVDEC, color_fix=fix)
-    assert camera_feed(DecodeRoute.DALI_CPU, on_gpu=True, **options) == CameraFeed(DecodeRoute.DALI_CPU)
+    assert camera_feed(DecodeRoute.DALI_CPU, on_gpu=True, **options) == CameraFeed(DecodeRoute.DALI_CPU, color_fix=fix)
     for on_gpu in (True, False):
         depth = camera_feed(DecodeRoute.CPU_FALLBACK, on_gpu=on_gpu, depth=True, **options)
         assert depth == CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True)
@@ -398,8 +404,9 @@ def test_camera_feed_rejects_contradictions() -> None:
         CameraFeed(DecodeRoute.CPU_FALLBACK, planes=True, worker_size=(8, 8))
     with pytest.raises(ValueError, match="a depth camera ships depth"):
         CameraFeed(DecodeRoute.CPU_FALLBACK, depth=True, planes=True)
-    with pytest.raises(ValueError, match="color_fix corrects NVDEC's colour conversion"):
-        CameraFeed(DecodeRoute.DALI_CPU, color_fix=((1.0, 0.0, 0.0, 0.0),) * 3)
+    with pytest.raises(ValueError, match="color_fix corrects DALI's colour conversion"):
+        CameraFeed(DecodeRoute.CPU_FALLBACK, color_fix=((1.0, 0.0, 0.0, 0.0),) * 3)
+    CameraFeed(DecodeRoute.DALI_CPU, color_fix=((1.0, 0.0, 0.0, 0.0),) * 3)  # (its CPU decoder converts as NVDEC)
 
 
 # -- the iterator --------------------------------------------------------------------------------------------
@@ -514,9 +521,9 @@ def test_flat_patches_need_the_correction_and_it_suffices(tmp_path: Path) -> Non
     assert after.mean() <= 1.0 and after.max() <= MAX_DIFF, (after.mean(), after.max())
 
 
-def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
+def test_only_cameras_dali_decodes_tagged_other_than_bt601_get_a_correction(tmp_path: Path, caplog) -> None:
     from lerobot_dali.batch_source import CameraFormat
-    from lerobot_dali.camera_plan import nvdec_color_fixes
+    from lerobot_dali.camera_plan import dali_color_fixes
     from lerobot_dali.decode_route import DecodeRoute
 
     tagged = _encode(tmp_path / "bt709.mp4", "libx264", "yuv420p", width=64, height=48, colorspace=1)
@@ -527,12 +534,45 @@ def test_only_nvdec_cameras_tagged_other_than_bt601_get_a_correction(tmp_path: P
     formats["e"] = CameraFormat.of(
         indexes["a"], route=DecodeRoute.CPU_FALLBACK
     )  # BT.709 too, but decoded on the CPU: no correction
+    formats["f"] = CameraFormat.of(indexes["a"], route=DecodeRoute.DALI_CPU)  # (as VP9 would be): corrected
     with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
-        fixes = nvdec_color_fixes(formats)
-    assert list(fixes) == ["a"] and np.allclose(fixes["a"], nvdec_color_fix(1, False))
-    assert any("camera a is tagged colour space 1" in r.getMessage() for r in caplog.records)
+        fixes = dali_color_fixes(formats)
+    assert list(fixes) == ["a", "f"] and np.allclose(fixes["a"], nvdec_color_fix(1, False)) and fixes["f"] == fixes["a"]
+    assert any("camera a is tagged colour space 1: NVDEC's" in r.getMessage() for r in caplog.records)
+    assert any("camera f is tagged colour space 1: DALI's CPU decoder's" in r.getMessage() for r in caplog.records)
     # a tag with no matrix here (YCgCo, 8) cannot be corrected: said once, as a warning
     with caplog.at_level(logging.WARNING, logger="lerobot_dali.camera_plan"):
-        assert nvdec_color_fixes({"d": formats["b"]._replace(color=(8, False))}) == {}
+        assert dali_color_fixes({"d": formats["b"]._replace(color=(8, False))}) == {}
     assert any("camera d is tagged colour space 8" in r.getMessage() and r.levelname == "WARNING"
                for r in caplog.records)  # fmt: skip
+
+
+@pytest.mark.parametrize(("colorspace", "full"), [(1, False), (9, False), (1, True), (2, False)])
+def test_vp9_on_dalis_cpu_decoder_comes_in_its_tagged_colour_space(make_ds, tmp_path: Path, colorspace, full) -> None:
+    """DALI's CPU decoder (VP9 in CPU mode) converts with BT.601 whatever the stream's tag, as NVDEC does: a VP9
+    camera tagged BT.709 came 16 levels off swscale's colours on flat patches (5.0 on average), BT.2020 13 (3.9).
+    The graph's correction (as on NVDEC) brings it to PyAV's RGB by the tags as near as the decoder's own BT.601
+    comes on an untagged stream (the last case): within 4 levels, 1.0 on average (0.3-0.8 corrected)."""
+    import shutil
+
+    from lerobot_dali.generate import camera_key
+
+    source = make_ds(codec="vp9", gop=4, episodes=1, frames_per_episode=8, cameras=1, size=(96, 128))
+    root = tmp_path / "dataset"
+    shutil.copytree(source, root)
+    (video,) = (root / "videos").rglob("*.mp4")
+    video.chmod(0o644)
+    encode_flat_patches(video, width=128, height=96, colorspace=colorspace, full=full, encoder="libvpx-vp9",
+                        frames=8, rate=30)  # fmt: skip
+    with av.open(str(video)) as container:
+        frames = list(container.decode(video=0))
+    assert (frames[0].colorspace, frames[0].color_range == 2) == (colorspace, full)
+    expected = np.stack([_swscale_rgb(f) for f in frames]).astype(np.int32)
+    it = DALILeRobotIterator(root, batch_size=8, shuffle=False, device="cpu", return_uint8=True)
+    try:
+        (batch,) = list(it)
+    finally:
+        it.close()
+    got = batch[camera_key(0)].permute(0, 2, 3, 1).numpy().astype(np.int32)[np.argsort(batch["frame_index"].numpy())]
+    diff = np.abs(got - expected)[:, patch_interiors(96, 128)]
+    assert diff.max() <= MAX_DIFF + 1 and diff.mean() <= 1.1, (diff.max(), diff.mean())
