@@ -152,10 +152,11 @@ def marker_video(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path
 
 @pytest.fixture
 def copy_ds(tmp_path: Path) -> Callable[[Path], Path]:
-    """A writable copy of a dataset, for tests that damage it on purpose."""
+    """A writable copy of a dataset, for tests that damage it on purpose (``name``: the copy's folder's, for several
+    copies of one dataset; default the source's)."""
 
-    def copy(src: Path) -> Path:
-        dst = tmp_path / src.name
+    def copy(src: Path, name: str | None = None) -> Path:
+        dst = tmp_path / (name or src.name)
         shutil.copytree(src, dst)
         for p in dst.rglob("*"):
             p.chmod(0o755 if p.is_dir() else 0o644)

@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -1948,16 +1947,13 @@ def _recoloured(root: Path, case: str, *, untagged: bool = False, sample_aspect_
     return root
 
 
-def _colour_ds(make_ds, tmp_path: Path, case: str, size: tuple[int, int] = (96, 128), **options: Any) -> Path:
-    """A copy of the generated H.264 set of frames ``size`` (under ``tmp_path``, named for the case) recoloured as
+def _colour_ds(make_ds, copy_ds, case: str, size: tuple[int, int] = (96, 128), **options: Any) -> Path:
+    """A copy of the generated H.264 set of frames ``size`` (``copy_ds``'s, named for the case) recoloured as
     ``case``."""
     source = make_ds(
         codec="h264", gop=30, episodes=5, frames_per_episode=LENGTHS, cameras=2, version=DATASET_VERSION, size=size
     )
-    root = tmp_path / f"{case}{'-untagged' if options.get('untagged') else ''}"
-    shutil.copytree(source, root)
-    for path in root.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    root = copy_ds(source, f"{case}{'-untagged' if options.get('untagged') else ''}")
     return _recoloured(root, case, **options)
 
 
@@ -1977,11 +1973,11 @@ TEN_BIT_CASES = ("hevc-10bit", "hevc-10bit-bt2020", "av1-10bit")
 
 
 @pytest.mark.parametrize("case", sorted(COLOUR_CASES))
-def test_colour_tags_ranges_and_pixel_formats_match_lerobot(make_ds, tmp_path: Path, case: str) -> None:
+def test_colour_tags_ranges_and_pixel_formats_match_lerobot(make_ds, copy_ds, case: str) -> None:
     """A camera tagged BT.709 or BT.2020, full range, 4:4:4, grey, 10-bit HEVC or AV1: every sample as LeRobot's
     (its default decoder, torchcodec, converting by the stream's tags as swscale does), on lerobot-dali's default
     CPU route and, but for 10-bit (``TEN_BIT_CASES``), on its PyAV route too. 0 levels apart with LeRobot 0.6.1."""
-    root = _colour_ds(make_ds, tmp_path, case)
+    root = _colour_ds(make_ds, copy_ds, case)
     theirs = _lerobot(root, WINDOWS)
     _assert_same_samples(_ours(root, WINDOWS), theirs, frame_check=_same_decode)
     if case not in TEN_BIT_CASES:
@@ -1989,19 +1985,19 @@ def test_colour_tags_ranges_and_pixel_formats_match_lerobot(make_ds, tmp_path: P
 
 
 @pytest.mark.parametrize("case", ["untagged", "bt709", "yuvj420p"])
-def test_a_width_torchcodec_converts_with_ffmpegs_filter_graph_matches_lerobot(make_ds, tmp_path: Path, case) -> None:
+def test_a_width_torchcodec_converts_with_ffmpegs_filter_graph_matches_lerobot(make_ds, copy_ds, case) -> None:
     """torchcodec converts frames whose width is no multiple of 32 (a RealSense's 848 or 424) with FFmpeg's filter
     graph, not swscale directly: 144 wide, every sample as LeRobot's on both routes (0 levels apart, LeRobot 0.6.1)."""
-    root = _colour_ds(make_ds, tmp_path, case, size=(96, 144))
+    root = _colour_ds(make_ds, copy_ds, case, size=(96, 144))
     theirs = _lerobot(root, WINDOWS)
     assert theirs[0]["observation.images.cam1"].shape == (3, 96, 144)
     _assert_same_samples(_ours(root, WINDOWS), theirs, frame_check=_same_decode)
     _assert_same_samples(_ours(root, WINDOWS, **_pyav_route()), theirs, frame_check=_same_decode)
 
 
-def test_a_non_square_sample_aspect_ratio_is_ignored_as_by_lerobot(make_ds, tmp_path: Path) -> None:
+def test_a_non_square_sample_aspect_ratio_is_ignored_as_by_lerobot(make_ds, copy_ds) -> None:
     """Pixels 2:1 wide (the H.264 VUI's aspect ratio): every route and LeRobot give the stored 96x128 frames."""
-    root = _colour_ds(make_ds, tmp_path, "untagged", sample_aspect_ratio=Fraction(2, 1))
+    root = _colour_ds(make_ds, copy_ds, "untagged", sample_aspect_ratio=Fraction(2, 1))
     with av.open(str(next((root / "videos").rglob("*.mp4")))) as container:
         assert container.streams.video[0].codec_context.sample_aspect_ratio == Fraction(2, 1)
     theirs = _lerobot(root, WINDOWS)
@@ -2021,12 +2017,12 @@ def _max_levels(ours: dict[Any, dict[str, Any]], theirs: Any) -> float:
 
 @needs_lerobots_pyav_decoder
 @pytest.mark.parametrize("case", ["bt709", "bt2020", "bt709-full-range", "bt709-yuv444p", "av1-bt709"])
-def test_lerobots_pyav_backend_converts_bt709_and_bt2020_as_bt601(make_ds, tmp_path: Path, case: str) -> None:
+def test_lerobots_pyav_backend_converts_bt709_and_bt2020_as_bt601(make_ds, copy_ds, case: str) -> None:
     """LeRobot's ``video_backend="pyav"`` takes PyAV's ``to_ndarray("rgb24")``, which in PyAV 15 (what LeRobot 0.5+
     pins) converts every stream as BT.601 whatever its colour tags: its frames are those of the same video untagged
     (28-30 levels off on saturated colours), where lerobot-dali gives the tagged colours on every route, as
     LeRobot's default decoder (torchcodec) does (test above). Pinned as a deliberate difference."""
-    root, plain = _colour_ds(make_ds, tmp_path, case), _colour_ds(make_ds, tmp_path, case, untagged=True)
+    root, plain = _colour_ds(make_ds, copy_ds, case), _colour_ds(make_ds, copy_ds, case, untagged=True)
     theirs = _lerobot(root, WINDOWS, video_backend="pyav")
     for options in ({}, _pyav_route()):
         ours = _ours(root, WINDOWS, **options)
@@ -2036,12 +2032,12 @@ def test_lerobots_pyav_backend_converts_bt709_and_bt2020_as_bt601(make_ds, tmp_p
 
 
 @pytest.mark.parametrize("case", TEN_BIT_CASES)
-def test_ten_bit_video_converts_as_each_of_lerobots_decoders_does(make_ds, tmp_path: Path, case: str) -> None:
+def test_ten_bit_video_converts_as_each_of_lerobots_decoders_does(make_ds, copy_ds, case: str) -> None:
     """10-bit 4:2:0 (HEVC, AV1): lerobot-dali's default CPU route decodes with torchcodec where it loads, as LeRobot's
     default backend does, and gives its frames; its PyAV route gives PyAV's ``to_ndarray("rgb24")``, as LeRobot's pyav
     backend does. The two part at colour edges (torchcodec's swscale upsamples chroma bicubically, PyAV's bilinearly:
     up to 70-83 levels there, 0.7 on average, LeRobot 0.6.1): pinned, each side as LeRobot's decoder of its kind."""
-    root = _colour_ds(make_ds, tmp_path, case)
+    root = _colour_ds(make_ds, copy_ds, case)
     torchcodec_frames = _lerobot(root, WINDOWS)
     _assert_same_samples(_ours(root, WINDOWS), torchcodec_frames, frame_check=_same_decode)
     pyav_route = _ours(root, WINDOWS, **_pyav_route())
@@ -2051,13 +2047,13 @@ def test_ten_bit_video_converts_as_each_of_lerobots_decoders_does(make_ds, tmp_p
         _assert_same_samples(pyav_route, _lerobot(root, WINDOWS, video_backend="pyav"), frame_check=_same_decode)
 
 
-def test_a_turned_video_comes_as_stored_where_lerobots_torchcodec_turns_it(make_ds, tmp_path: Path) -> None:
+def test_a_turned_video_comes_as_stored_where_lerobots_torchcodec_turns_it(make_ds, copy_ds) -> None:
     """A phone's portrait recording (a quarter turn in the track header's display matrix): lerobot-dali gives the
     stored 96x128 picture on every route (README, CPU decoding); LeRobot's torchcodec turns it upright (128x96), its
     pyav backend (0.5+) does not. Pinned: LeRobot's torchcodec frames are ours turned."""
     from tests.test_cpu_decode import _TURNS, _turned
 
-    root = _colour_ds(make_ds, tmp_path, "untagged")
+    root = _colour_ds(make_ds, copy_ds, "untagged")
     for path in sorted((root / "videos").rglob("*.mp4")):
         _turned(path, path, _TURNS["quarter"])
     theirs = _lerobot(root, WINDOWS)

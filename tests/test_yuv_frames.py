@@ -548,20 +548,15 @@ def test_only_cameras_dali_decodes_tagged_other_than_bt601_get_a_correction(tmp_
 
 
 @pytest.mark.parametrize(("colorspace", "full"), [(1, False), (9, False), (1, True), (2, False)])
-def test_vp9_on_dalis_cpu_decoder_comes_in_its_tagged_colour_space(make_ds, tmp_path: Path, colorspace, full) -> None:
+def test_vp9_on_dalis_cpu_decoder_comes_in_its_tagged_colour_space(make_ds, copy_ds, colorspace, full) -> None:
     """DALI's CPU decoder (VP9 in CPU mode) converts with BT.601 whatever the stream's tag, as NVDEC does: a VP9
     camera tagged BT.709 came 16 levels off swscale's colours on flat patches (5.0 on average), BT.2020 13 (3.9).
     The graph's correction (as on NVDEC) brings it to PyAV's RGB by the tags as near as the decoder's own BT.601
     comes on an untagged stream (the last case): within 4 levels, 1.0 on average (0.3-0.8 corrected)."""
-    import shutil
-
     from lerobot_dali.generate import camera_key
 
-    source = make_ds(codec="vp9", gop=4, episodes=1, frames_per_episode=8, cameras=1, size=(96, 128))
-    root = tmp_path / "dataset"
-    shutil.copytree(source, root)
+    root = copy_ds(make_ds(codec="vp9", gop=4, episodes=1, frames_per_episode=8, cameras=1, size=(96, 128)))
     (video,) = (root / "videos").rglob("*.mp4")
-    video.chmod(0o644)
     encode_flat_patches(video, width=128, height=96, colorspace=colorspace, full=full, encoder="libvpx-vp9",
                         frames=8, rate=30)  # fmt: skip
     with av.open(str(video)) as container:
