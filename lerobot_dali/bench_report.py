@@ -159,7 +159,7 @@ def format_table(report: BenchReport) -> str:
     codecs = {d["label"]: str(d.get("codec", "-")) for d in report.datasets}
     header: tuple[str, ...] = (
         "dataset", "codec", "loader", "route", "frames/s", "samples/s", "vs peer", "of ceil", "first s", "p50 ms",
-        "p95 ms", "p99 ms", "RSS MB", "GPU MB", "eps/batch", "clip/file", "status",
+        "p95 ms", "p99 ms", "RSS MB", "PSS MB", "GPU MB", "eps/batch", "clip/file", "status",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = [header]
     for r in report.results:
@@ -171,7 +171,7 @@ def format_table(report: BenchReport) -> str:
             _fmt(r.samples_per_s if measured else None, ".1f"),
             _fmt(r.vs_best_peer, ".2f"), _fmt(r.fraction_of_decode_ceiling, ".2f"), _fmt(r.first_batch_s, ".2f"),
             _fmt(r.batch_p50_ms, ".0f"), _fmt(r.batch_p95_ms, ".0f"), _fmt(r.batch_p99_ms, ".0f"),
-            _fmt(r.peak_rss_mb, ".0f"), _fmt(gpu, ".0f"), _fmt(r.episodes_per_batch, ".1f"),
+            _fmt(r.peak_rss_mb, ".0f"), _fmt(r.peak_pss_mb, ".0f"), _fmt(gpu, ".0f"), _fmt(r.episodes_per_batch, ".1f"),
             _fmt(r.clip_to_file_ratio, ".4f"), r.status if r.status == "ok" else f"{r.status}: {r.note[:60]}",
         ))  # fmt: skip
     if any(r.repeats > 1 for r in report.results):  # the spread of the ratio over the runs, after the median

@@ -157,6 +157,8 @@ class LoaderResult:
     batch_p95_ms: float | None = None
     batch_p99_ms: float | None = None
     peak_rss_mb: float | None = None
+    #: The same tree's proportional set size (shared pages split among the processes that map them; Linux only).
+    peak_pss_mb: float | None = None
     gpu_max_allocated_mb: float | None = None
     gpu_peak_used_mb: float | None = None
     episodes_per_batch: float | None = None

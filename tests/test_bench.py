@@ -62,6 +62,41 @@ def quick_run(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     return code, out, stdout.getvalue()
 
 
+def test_memory_sampler_counts_a_shared_page_once_per_process_in_rss_and_once_in_all_in_pss() -> None:
+    """A batch in shared memory, mapped by a worker and the loop's process, is in both processes' RSS; the PSS sum
+    holds it once. 256 MiB shared and touched by both, a forked child's pages of the parent split likewise."""
+    import mmap
+    import multiprocessing
+
+    from lerobot_dali.bench_measure import TreeMemorySampler
+
+    size = 256 * 2**20
+    shared = mmap.mmap(-1, size)  # anonymous and MAP_SHARED: a fork maps the same pages
+    np.frombuffer(shared, dtype=np.uint8)[:] = 1
+    touched, done = multiprocessing.get_context("fork").Event(), multiprocessing.get_context("fork").Event()
+
+    def child() -> None:
+        assert int(np.frombuffer(shared, dtype=np.uint8)[::4096].sum()) == size // 4096  # every page, read
+        touched.set()
+        done.wait(60)
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        assert touched.wait(60)
+        sampler = TreeMemorySampler()
+        sampler._sample()
+        rss, pss = sampler.peak_rss_bytes, sampler.peak_pss_bytes
+        assert rss is not None and pss is not None
+        # RSS: the 256 MiB in each of the two processes; PSS: once, split between them.
+        assert rss >= 2 * size and pss >= size
+        assert rss - pss >= size
+    finally:
+        done.set()
+        process.join(60)
+        shared.close()
+
+
 def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, Path, str]) -> None:
     code, out, printed = quick_run
     assert code == 0
@@ -88,6 +123,7 @@ def test_quick_bench_report_schema_and_consistent_numbers(quick_run: tuple[int, 
             assert r["batch_p99_ms"] / 1000 <= r["window_s"]
             assert r["first_batch_s"] > 0
             assert r["peak_rss_mb"] > 100  # the loader's process alone imports torch
+            assert 0 < r["peak_pss_mb"] <= r["peak_rss_mb"]  # read together: a shared page splits in PSS
             assert 1 <= r["episodes_per_batch"] <= QUICK_BATCH
             assert r["gpu_max_allocated_mb"] is None and r["gpu_peak_used_mb"] is None
         # --limits: PyAV on every core decoded the same files; each loader is a fraction of that ceiling.
