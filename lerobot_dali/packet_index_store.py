@@ -1,4 +1,5 @@
-"""Packet indexes of remote videos kept on local disk, so no process or run indexes the same file twice.
+"""Packet indexes of remote videos kept on local disk, so no process or run indexes the same file twice; local
+videos' too, stamped from their ``stat`` (:mod:`.packet_index_cache`: a worker reloads one its bounded cache dropped).
 
 Indexing a remote file costs a few ranged reads (~200 KB) of its ``moov``; every DALI worker of every rank
 of every run would pay that per file. The store keeps each index as a ``.pidx`` file (raw arrays and a checksum:

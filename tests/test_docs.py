@@ -2,7 +2,8 @@
 its program's own parser (its loader and recipe names are the bench's), the bench's loaders table names every
 loader, the README's command-line table lists each verb's flags and choices as the CLI has them,
 and every ``--flag`` they name is a flag of one of the project's programs (or of a tool they run it under); their
-Python blocks pass the API only keywords it takes, and the reader's block runs as written.
+Python blocks pass the API only keywords it takes, and the reader's block runs as written; the defaults and limits
+their prose states (``drop_last=True`` by default, the retries' 5) are the code's.
 
 A renamed or removed flag or argument otherwise broke the documented commands silently: nothing ran them."""
 
@@ -352,3 +353,95 @@ def test_the_layout_gives_every_module_of_the_package_a_line() -> None:
     assert not unlisted, f"modules the README's Layout gives no line: {unlisted}"
     assert not twice, f"modules the README's Layout lists more than once: {twice}"
     assert not gone, f"modules the README's Layout names that lerobot_dali/ does not have: {gone}"
+
+
+def _stated(doc: str) -> str:
+    """``doc``'s text with its line breaks and runs of spaces as one space: a phrase is found across a wrapped line."""
+    return " ".join((ROOT / doc).read_text().split())
+
+
+def test_the_defaults_and_limits_the_readmes_state_are_the_codes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The READMEs' prose states defaults, limits and environment variables' defaults that no flag check reads
+    (``drop_last=True`` by default, ``CLOSE_WAIT_S``'s 60 s, the retries' 5, the 1 GiB /dev/shm warning): each phrase
+    is held to the value the code has, so a default changed in one place and not the other fails here, as does a
+    phrase reworded without its value."""
+    from lerobot_dali import CpuDecodeOptions, DALILeRobotIterator, RankBalance
+    from lerobot_dali import iterator as iterator_module
+    from lerobot_dali.cache_dirs import DEFAULT_CACHE_DAYS, PRUNE_EVERY_S
+    from lerobot_dali.checked_files import CHECKED_FILES, CHECKED_FILES_REMOTE
+    from lerobot_dali.clip_sharing import SHARED_CLIP_FRAMES
+    from lerobot_dali.column_store import _KEEP_FREE, ColumnStore
+    from lerobot_dali.concurrent_calls import MAX_THREADS
+    from lerobot_dali.cpu_decode import DEFAULT_OPEN_DECODERS
+    from lerobot_dali.cpu_decode_options import MIN_OPEN_DECODERS
+    from lerobot_dali.dataset_location import HTTP_TIMEOUTS_S
+    from lerobot_dali.dataset_reader import LOCAL_DATA_FILES_KEPT, REMOTE_DATA_FILES_KEPT
+    from lerobot_dali.dataset_summary import CODEC_SURVEY_MAX_FILES
+    from lerobot_dali.exit_close import _DEFAULT_EXIT_WAIT_S
+    from lerobot_dali.nvdec_check import PROBE_MAX_MEAN_DIFF
+    from lerobot_dali.open_files import DATA_FILE_SHARE, DECODER_SHARE
+    from lerobot_dali.request_checks import _UNSIZED_BYTES, bytes_deadline_s
+    from lerobot_dali.retry_policy import MAX_RETRY_AFTER_S, RETRIES_ENV, RetryPolicy
+    from lerobot_dali.video_encoding import LONG_GOP_FRAMES
+    from lerobot_dali.worker_errors import SMALL_SHM_BYTES
+    from pipelines.preemption import EXIT_PREEMPTED
+    from pipelines.recipes import get_recipe
+    from pipelines.train import DEFAULT_CHUNK
+
+    monkeypatch.delenv(RETRIES_ENV, raising=False)  # (the default, not this shell's)
+    given = inspect.signature(DALILeRobotIterator.__init__).parameters
+    options, store, mib = CpuDecodeOptions(), ColumnStore(), 2**20
+    threads = {iterator_module.default_dali_threads(workers) for workers in range(-64, 256)}
+    stated = {
+        "README.md": {
+            "`drop_last=True` by default": given["drop_last"].default is True,
+            'by default (`rank_balance="pad"`)': given["rank_balance"].default is RankBalance.PAD,
+            "within `tolerance_s` (default 1e-4 s": given["tolerance_s"].default == 1e-4,
+            '`device="cuda"` (the default)': given["device"].default == "cuda",
+            "`share_clips=True` makes fewer clips": given["share_clips"].default is False,
+            "`cache_gb=8.0`": given["cache_gb"].default == 8.0,
+            "`dali_threads` (default: the rank's CPUs left after `num_workers`, 2 to 8)": threads == set(range(2, 9)),
+            "It waits up to 60 s for that pass": iterator_module.CLOSE_WAIT_S == 60,
+            "waited for 10 s in all (`LEROBOT_DALI_EXIT_WAIT_S`)": _DEFAULT_EXIT_WAIT_S == 10,
+            "(`LEROBOT_DALI_REMOTE_RETRIES`, default 5": RetryPolicy().retries == 5,
+            "`LEROBOT_DALI_CACHE_DAYS` days (default 30": DEFAULT_CACHE_DAYS == 30,
+            "sweeping each at most once a day": PRUNE_EVERY_S == 24 * 3600,
+            "`cpu_decode=CpuDecodeOptions(image_cache_bytes=...)` (256 MiB)": options.image_cache_bytes == 256 * mib,
+            "fits `max_decoder_memory_bytes` (256 MiB), and at least 8": (
+                options.max_decoder_memory_bytes == 256 * mib and MIN_OPEN_DECODERS == 8
+            ),
+            "(pool size x cameras, at least 64, at most half the process's open-file limit, its data files an eighth, "
+            "at most 128": (
+                DEFAULT_OPEN_DECODERS == 64
+                and DECODER_SHARE == 1 / 2
+                and DATA_FILE_SHARE == 1 / 8
+                and LOCAL_DATA_FILES_KEPT == 128
+            ),
+            "(128 local, 16 remote)": (LOCAL_DATA_FILES_KEPT, REMOTE_DATA_FILES_KEPT) == (128, 16),
+            "the iterator warns at construction under 1 GiB": SMALL_SHM_BYTES == 2**30,
+            "30 s to connect and 60 s between bytes": HTTP_TIMEOUTS_S == {"sock_connect": 30, "sock_read": 60},
+            "60 s plus its bytes at 64 KiB/s (a 4 MiB block: 124 s": bytes_deadline_s(4 * mib) == 124,
+            "reckoned as 256 MiB": _UNSIZED_BYTES // mib == 256,
+            "up to 300 s": MAX_RETRY_AFTER_S == 300,
+            "at least 4,096 rows and 8 times the episode": (store.min_group_rows, store.min_ratio) == (4096, 8),
+            "left under 5% free": _KEEP_FREE == 0.05,
+            "up to 8 distinct frames a clip": SHARED_CLIP_FRAMES == 8,
+            "within 4 levels of brightness": PROBE_MAX_MEAN_DIFF == 4,
+            "16 at a time": MAX_THREADS == 16,
+            "up to 100,000 files of a camera, 2,000 remote": (CHECKED_FILES, CHECKED_FILES_REMOTE) == (100_000, 2_000),
+            "keyframes more than 16 frames apart": LONG_GOP_FRAMES == 16,
+            "(cameras of at most 16 files": CODEC_SURVEY_MAX_FILES == 16,
+        },
+        "pipelines/README.md": {
+            "`--chunk` actions (default 10)": DEFAULT_CHUNK == 10,
+            "exit with status 75": EXIT_PREEMPTED == 75,
+            "(diffusion: 7, as LeRobot's train script": get_recipe("diffusion").drop_n_last_frames == 7,
+        },
+    }
+    unsaid, untrue = [], []
+    for doc, phrases in stated.items():
+        text = _stated(doc)
+        unsaid += [f"{doc}: {phrase!r}" for phrase in phrases if phrase not in text]
+        untrue += [f"{doc}: {phrase!r}" for phrase, holds in phrases.items() if not holds]
+    assert not unsaid, f"phrases the READMEs no longer say (reworded? update this test with them): {unsaid}"
+    assert not untrue, f"defaults and limits the READMEs state that the code no longer has: {untrue}"
