@@ -10,6 +10,7 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +20,8 @@ from lerobot_dali.cache_dirs import (
     EntryStands,
     atomic_file,
     cache_root,
+    checked_body,
+    checksummed,
     delete_if_unchanged,
     newest_stamps,
     private_cache_roots,
@@ -71,6 +74,22 @@ def test_files_unused_for_the_set_days_go_and_a_folder_is_swept_once_a_day(tmp_p
     _aged(tmp_path / ".swept", 1.01)
     prune_unused_files(tmp_path, "*/*.npz")
     assert not later.exists()
+
+
+def test_a_folder_is_due_a_sweep_a_full_day_after_its_last(tmp_path: Path, monkeypatch) -> None:
+    """Not a second before :data:`~lerobot_dali.cache_dirs.PRUNE_EVERY_S` (a day) has passed since the last sweep's
+    marker; from then on, and the stale cutoff is the set days before now."""
+    import lerobot_dali.cache_dirs as cache_dirs
+
+    monkeypatch.setenv(CACHE_DAYS_ENV, "7")
+    marker = _file(tmp_path / ".swept", 0)
+    os.utime(marker, (1_000_000, 1_000_000))
+    now = 1_000_000 + 86_400.0
+    monkeypatch.setattr(cache_dirs, "time", SimpleNamespace(time=lambda: now))
+    now -= 1
+    assert cache_dirs.sweep_cutoff(tmp_path) is None
+    now += 1
+    assert cache_dirs.sweep_cutoff(tmp_path) == now - 7 * 86_400
 
 
 def test_lock_files_left_beside_entries_are_swept_with_them(tmp_path: Path, monkeypatch) -> None:
@@ -493,6 +512,57 @@ def test_a_file_held_by_a_reader_is_not_deleted_nor_where_the_filesystem_takes_n
         assert not hold_shared(reader, copy)  # (deleted before its reader's lock: map it again)
 
 
+def test_a_shared_lock_refused_is_said_at_debug_and_one_the_filesystem_lacks_is_not(tmp_path, monkeypatch, caplog):
+    """A reader goes on without its shared lock either way; only a refusal (not a filesystem without locks) is worth
+    a debug line."""
+    import fcntl
+
+    from lerobot_dali.cache_dirs import hold_shared
+
+    copy = _file(tmp_path / "copy.arrow", 0)
+    for code in (errno.ENOLCK, errno.EIO):
+        refused = OSError(code, os.strerror(code))
+        monkeypatch.setattr(fcntl, "flock", lambda fd, op, refused=refused: (_ for _ in ()).throw(refused))
+        with open(copy, "rb") as reader, caplog.at_level(logging.DEBUG, logger="lerobot_dali.cache_dirs"):
+            assert hold_shared(reader, copy)
+    assert caplog.messages == [
+        f"{copy}: no shared lock ([Errno {errno.EIO}] {os.strerror(errno.EIO)}); read without one"
+    ]
+
+
+def test_an_entry_that_cannot_be_read_is_said_at_debug_and_an_absent_one_is_not(tmp_path: Path, caplog) -> None:
+    """Neither is damaged (None: the caller builds the entry); an absent entry is the common case, not worth a line."""
+    from lerobot_dali.cache_dirs import read_entry
+
+    logger = logging.getLogger("tests.entries")
+    with caplog.at_level(logging.DEBUG, logger="tests.entries"):
+        assert read_entry(tmp_path / "absent.bin", logger, instead="building it") is None
+        assert caplog.messages == []
+        assert read_entry(tmp_path, logger, instead="building it") is None  # (a folder under the entry's name)
+    assert caplog.messages == [f"cannot read {tmp_path} ([Errno 21] Is a directory: '{tmp_path}'); building it"]
+
+
+def test_a_tree_not_deleted_whole_gives_its_first_error_and_what_is_left(tmp_path: Path, monkeypatch) -> None:
+    """A file refused (another user's) keeps its folders too: the file's refusal is the first error, and comes back,
+    not the folders' "not empty" after it; the file and its 100 bytes are left."""
+    from lerobot_dali.cache_dirs import delete_tree
+
+    folder = tmp_path / "slot"
+    _file(folder / "ab" / "theirs.bin", 0, 100)
+    _file(folder / "cd" / "ours.bin", 0, 300)
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.path.basename(path) == "theirs.bin":
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    error, files, size = delete_tree(folder)
+    assert isinstance(error, PermissionError) and error.filename == "theirs.bin"
+    assert (files, size) == (1, 100) and not (folder / "cd").exists()
+
+
 def test_a_lock_file_that_may_not_be_made_is_refused_as_such(tmp_path) -> None:
     """In a folder this process may not write (another user's in a shared cache), a lock file none made yet raised
     FileNotFoundError (its read-only second open's), which the column store's one warning gave as why it could not
@@ -526,7 +596,7 @@ def _writer_in_a_child(path: Path) -> tuple[int, Path]:
         os.close(read_end)
 
 
-def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(tmp_path: Path) -> None:
+def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(tmp_path: Path, caplog) -> None:
     """atomic_file's temporary file of a writer killed outright (SIGKILL, the OOM killer) stayed beside its entry: in
     a bench's or a checkpoint's folder for good (no sweep goes there), in a cache for its days unused (1 of 1 left
     after the next write). The next write beside it deletes it now; a live writer's stays, and so does a file of
@@ -540,9 +610,11 @@ def test_a_writer_killed_mid_write_leaves_no_temporary_file_past_the_next_write(
     other_host.write_bytes(b"another host's")
     try:
         assert left.exists() and left.read_bytes() == b"half"
-        _write(entry, b"whole", exclusive=False)
+        with caplog.at_level(logging.DEBUG, logger="lerobot_dali.cache_dirs"):
+            _write(entry, b"whole", exclusive=False)
         assert entry.read_bytes() == b"whole"
         assert not left.exists()
+        assert caplog.messages == [f"removed {left}, left by a writer on this host (PID {killed}) that was killed"]
         assert writing.exists() and other_host.exists()
     finally:
         os.kill(live, signal.SIGKILL)
@@ -686,6 +758,28 @@ def test_a_damaged_entry_is_deleted_unless_a_good_one_replaced_it_since_it_was_r
     entry.write_bytes(b"never opened")
     delete_if_unchanged(entry, None)
     assert not entry.exists()
+    delete_if_unchanged(entry, None)  # (gone already, as another process's delete leaves it: no error)
+
+
+def test_a_checksummed_entry_reads_back_and_one_whose_body_changed_is_refused() -> None:
+    """An entry is its body's sha256 (hex), a newline, then the body (SHA-256 of no bytes: e3b0...b855). A body cut
+    short or changed, or one behind another's checksum, disagrees with its checksum."""
+    empty = b"e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855\n"
+    assert checksummed(b"") == empty and checked_body(empty) == b""
+    entry = checksummed(b"a body\nof two lines")
+    assert checked_body(entry) == b"a body\nof two lines"
+    for damaged in (entry[:-1], entry.replace(b"two", b"Two"), empty + b"x"):
+        with pytest.raises(ValueError, match=r"its checksum disagrees with its contents \(a write cut short"):
+            checked_body(damaged)
+
+
+def test_an_entry_lock_is_taken_in_the_folders_made_for_it(tmp_path: Path) -> None:
+    """A store's first entry may go where no folder stands yet (the store's folder and a subfolder in it): both are
+    made and the lock beside the entry taken, not given up on as a folder where none can be made."""
+    entry = tmp_path / "store" / "ab" / "entry.bin"
+    lock = wait_for_entry_lock(entry, wait_s=0, poll_s=0)
+    assert lock is not None and entry.with_suffix(".lock").is_file()
+    lock.close()
 
 
 def test_a_store_keeps_every_entry_of_a_files_newest_stamps_oldest_first() -> None:

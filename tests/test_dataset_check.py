@@ -6,6 +6,7 @@ it touches, and nothing for the rest.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from lerobot_dali import open_dataset
+from lerobot_dali import CpuDecoderBackend, dataset_check, open_dataset
 from lerobot_dali.cli import main
 from lerobot_dali.dataset_check import check_dataset, default_workers
 from lerobot_dali.episode_rows import DecodedGroups
@@ -163,8 +164,9 @@ def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds)
     root = copy_ds(make_ds(**SPEC))
     # Episode 1's rows half a frame late: its frames in both cameras are off by more than the tolerance.
     _edit_rows(root, lambda t: _set_where(t, "timestamp", 1, lambda v: v + 0.5 / FPS))
-    # Episode 4's first row names a task the task list lacks; its frames are still looked up.
-    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: np.where(np.arange(len(v)) == 0, 99, v)))
+    # Episode 4's rows name tasks the task list lacks, 99-110 (the message lists the first 10); its frames are still
+    # looked up.
+    _edit_rows(root, lambda t: _set_where(t, "task_index", 4, lambda v: 99 + np.arange(len(v))))
     # Camera 1's second file (episodes 2 and 3) is missing.
     (root / f"videos/{CAM1}/chunk-000/file-001.mp4").unlink()
     # Camera 0's third file (episode 4) is another size than the camera's first.
@@ -189,7 +191,8 @@ def test_every_damage_is_listed_against_its_episode_and_camera(make_ds, copy_ds)
         f"SchemaMismatchError in {CAM0}": 1,
     }
     messages = {(p.episode_index, p.camera): p.message for p in report.problems}
-    assert "task_index [99]" in messages[4, None] and "file-002.parquet" in messages[4, None]
+    assert f"task_index {list(range(99, 109))} is not in" in messages[4, None]  # (12 unknown: the first 10)
+    assert "file-002.parquet" in messages[4, None]
     assert "96x128" in messages[4, CAM0] and "64x96" in messages[4, CAM0]
     assert "file-001.mp4" in messages[2, CAM1]
     # Two worker processes share the episodes and find the same.
@@ -289,10 +292,29 @@ def test_image_cameras_are_decoded_and_a_damaged_image_is_named(make_ds, copy_ds
         return table.set_column(table.column_names.index(CAM0), CAM0, pa.array(images, table[CAM0].type))
 
     _edit_rows(root, damage)
-    assert check_dataset(open_dataset(root)).ok  # the images are only read, not decoded
+    undecoded = check_dataset(open_dataset(root))
+    assert undecoded.ok and undecoded.frames_decoded == 0  # the images are only read, not decoded
     report = check_dataset(open_dataset(root), decode=True)
     assert _found(report) == {(1, CAM0, "DataFileError"), (2, CAM0, "DataFileError")}
     assert "(30, 40, 3)" in report.problems[1].message
+
+
+def test_each_process_keeps_packet_indexes_up_to_256_mib() -> None:
+    """A check reads every video file of a dataset (15,000 episodes of three cameras: 450 files) in each process: the
+    indexes it keeps there are bounded by bytes (256 MiB) as well as by count."""
+    cache = dataset_check._index_cache()
+    assert (cache.max_bytes, cache.max_entries) == (256 * 2**20, 64)
+
+
+def test_a_check_decodes_with_pyav_whatever_else_is_installed() -> None:
+    """A check's decodes (``decode=True``) are PyAV's, as :meth:`~.cpu_decode.CpuFrameDecoder.verify` says: not the
+    default backend's pick, torchcodec where it loads."""
+    fields = {field.name: field for field in dataclasses.fields(dataset_check._EpisodeChecker)}
+    decoder = fields["_decoder"].default_factory()
+    try:
+        assert decoder.options.backend is CpuDecoderBackend.PYAV
+    finally:
+        decoder.close()
 
 
 def _images_replaced(root: Path, episode: int, rows: range | None, data: bytes) -> None:

@@ -38,7 +38,7 @@ from lerobot_dali.frame_lookup import (
     frame_index_timestamps_s,
     nearest_frame_indices,
 )
-from lerobot_dali.mp4_tables import mp4_file_cut
+from lerobot_dali.mp4_tables import Mp4Track, mp4_file_cut
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_cache import PacketIndexCache, load_packet_index
 from lerobot_dali.pyav_reader import PyAvReader
@@ -211,6 +211,15 @@ def test_display_order_keyframes_and_shown_frames_by_hand() -> None:
         _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=[0, 4])
 
 
+def test_the_frame_duration_is_at_least_one_tick() -> None:
+    """The typical frame distance is the median of the pts steps, at least one tick: a stream whose time base is its
+    frame (pts 0, 1, 2, ...) has frames 1 tick apart, as has a single frame (no step to measure)."""
+    ticks = _long_index(np.arange(5, dtype=np.int64), np.arange(5, dtype=np.int64))
+    assert ticks.frame_duration == 1 and ticks.frame_interval_s == pytest.approx(1 / 15360)
+    single = _long_index(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    assert single.frame_duration == 1 and single.frame_interval_s == pytest.approx(1 / 15360)
+
+
 def test_sources_path_fsspec_and_file_objects(marker_video: MarkerVideo) -> None:
     path = marker_video("vp9", 2)
     expected = build_packet_index(path).pts
@@ -345,6 +354,19 @@ def test_a_header_too_damaged_to_name_its_codec_is_called_damaged(marker_video: 
     damaged.write_bytes(raw[:entry] + bytes(4) + raw[entry + 4 :])  # the sample description's codec zeroed
     with pytest.raises(CodecUnsupportedError, match=r"damaged.mp4.*codec b'\\x00.*no codec name: the file is damaged"):
         build_packet_index(damaged)
+
+
+def test_a_sample_description_names_a_codec_in_printable_ascii_only() -> None:
+    """A fourcc is printable ASCII, space (0x20) to tilde (0x7E): one with a byte below or above names no codec."""
+
+    def said(entry: bytes | None) -> str:
+        track = None if entry is None else Mp4Track(1, 1, np.array([]), np.array([]), False, sample_entry=entry)
+        return str(packet_index.no_decoder_error("v.mp4", track))
+
+    assert "names codec ' ~1 ': neither NVDEC" in said(b" ~1 ")
+    assert "names codec b'av\\x1f1', which is no codec name: the file is damaged" in said(b"av\x1f1")
+    assert "names codec b'av\\x7f1', which is no codec name" in said(b"av\x7f1")
+    assert "FFmpeg finds no decoder for the video stream; either the file is damaged" in said(None)
 
 
 # --- frame lookup -------------------------------------------------------------------------------------
@@ -1054,3 +1076,81 @@ def test_a_movie_duration_over_half_a_frame_longer_than_the_tracks_is_refused(
     with pytest.raises(VideoDecodeError, match=said):
         build_packet_index(longer)
     assert build_packet_index(with_movie_duration(source, tmp_path / "close.mp4", 3.075)).frame_count == 90
+
+
+def test_ebml_sizes_by_hand_and_at_the_end_of_the_bytes_read() -> None:
+    """EBML sizes (a marker bit, then the value): one byte 0x81 is 1, two bytes 0x40 0x02 are 2, all value bits set
+    (0xFF) an unknown size; none where the bytes end at or within the size, or a zero byte cannot start one. A file
+    holding the EBML ID and nothing more (4 bytes) has no size after it: not judged, never an IndexError."""
+    ebml_size, ebml_id = packet_index._ebml_size, b"\x1a\x45\xdf\xa3"
+    assert ebml_size(b"\x81", 0) == (1, 1)
+    assert ebml_size(b"\x1a\x40\x02", 1) == (2, 3)
+    assert ebml_size(b"\xff", 0) == (None, 1)
+    assert ebml_size(b"\x40", 0) is None  # (a 2-byte size cut after 1)
+    assert ebml_size(b"\x00\x81", 0) is None
+    assert ebml_size(ebml_id, 4) is None  # (at the end of the bytes)
+    assert packet_index._check_matroska_segment(io.BytesIO(ebml_id), 4, label="v.webm") is None
+    # Elements: ID (its length marked as a size's), size, data; they stop at one of unknown size or past the end.
+    elements = b"\x42\x86\x81\x01" + ebml_id + b"\x82\x00\x00"
+    assert list(packet_index._ebml_elements(elements, 0, len(elements))) == [(b"\x42\x86", 3, 4), (ebml_id, 9, 11)]
+    assert list(packet_index._ebml_elements(elements, 0, 10)) == [(b"\x42\x86", 3, 4)]
+    unknown = b"\x42\x86\x81\x01" + ebml_id + b"\xff\x00"
+    assert list(packet_index._ebml_elements(unknown, 0, len(unknown))) == [(b"\x42\x86", 3, 4)]
+
+
+def test_the_zero_fill_check_reads_a_packet_of_up_to_64_kib_whole_and_a_larger_one_at_its_ends() -> None:
+    """The packet stored last is read in one read up to 64 KiB (65,536 bytes) and by its first 8 and last 16 bytes
+    (two reads) past that; a file of 1-bytes, so no read of the file's end follows."""
+
+    def reads(size: int) -> list[tuple[int, int]]:
+        done: list[tuple[int, int]] = []
+
+        def read_at(at: int, n: int) -> bytes:
+            done.append((at, n))
+            return b"\x01" * n
+
+        packet_index._check_zero_filled(
+            read_at, np.array([0, 100]), np.array([100, size]), "h264", 100 + size, label="v.mp4"
+        )
+        return done
+
+    assert reads(65_536) == [(100, 65_536)]
+    assert reads(65_537) == [(100, 8), (100 + 65_537 - 16, 16)]
+
+
+def test_reads_at_an_offset_of_a_file_object_that_is_not_local_seek_and_read() -> None:
+    """A file object that is neither a local file nor memory (a remote file's: fsspec's HTTP file, made up here as a
+    wrapper of bytes) has no ``pread``: its reads at an offset seek and read, and it is never asked for a descriptor."""
+
+    class Remote:
+        def __init__(self, data: bytes) -> None:
+            self._data = io.BytesIO(data)
+            self.seek, self.read, self.tell = self._data.seek, self._data.read, self._data.tell
+
+        def fileno(self) -> int:
+            raise io.UnsupportedOperation("fileno")
+
+    remote = Remote(b"0123456789")
+    assert packet_index._local_reads(remote) is None
+    assert packet_index._reads(remote)(3, 4) == b"3456"
+    local = packet_index._local_reads(io.BytesIO(b"0123456789"))
+    assert local is not None and local(3, 4) == b"3456"
+
+
+def test_the_stream_template_holds_the_first_keyframe_of_a_stream_that_starts_between_keyframes(
+    marker_video: MarkerVideo, tmp_path: Path
+) -> None:
+    """A Matroska stream cut from a longer one may start between keyframes (its offsets not exact: the index demuxes
+    it): the stream template holds its first keyframe, which a decoder starts from, not its first packet."""
+    cut = tmp_path / "cut.mkv"
+    with av.open(str(marker_video("h264", 30))) as src, av.open(str(cut), "w") as dst:
+        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
+        for packet in [p for p in src.demux(video=0) if p.size][1:]:  # (from packet 1 on: no keyframe)
+            packet.stream = stream
+            dst.mux(packet)
+    packets = _demux_reference(cut)
+    index = build_packet_index(cut)
+    assert not packets[0][2] and not index.byte_exact
+    first_keyframe = next(payload for *_, keyframe, payload in packets if keyframe)
+    with av.open(io.BytesIO(index.template)) as template:
+        assert [bytes(p) for p in template.demux(video=0) if p.size] == [first_keyframe]

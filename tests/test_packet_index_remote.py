@@ -627,3 +627,35 @@ def test_an_stz2_count_must_fit_its_field_sizes() -> None:
 
     for data, expected in [(stbl(3, b"\x12\x30"), 3), (stbl(3, b"\x12"), None), (stbl(2, b"\x12"), 2)]:
         assert mp4_tables._sample_count(data, 0, len(data), file_size=1 << 20) == expected
+
+
+def test_a_packet_past_the_end_of_a_file_cut_within_its_media_data_is_called_truncated() -> None:
+    """The media data is checked first only where the file holds it whole (a packet outside it: damaged tables). An
+    mdat box the file's end cuts (bytes 100-600 of a 500-byte file) says the file is cut short, and a packet past the
+    end is named so, though it lies outside that mdat too (bytes 400-700). Without media data (not an MP4) only the
+    file's end is checked."""
+    check = packet_index._check_packet_bytes
+    offsets, sizes = np.array([100, 400]), np.array([300, 300])
+    check(offsets, sizes, ((100, 700),), 700, label="v.mp4")  # whole
+    with pytest.raises(packet_index.VideoDecodeError, match=r"packet 1 \(bytes 400-700\) lies outside"):
+        check(offsets, sizes, ((100, 650),), 700, label="v.mp4")
+    cut = r"v\.mp4: packets extend to byte 700 but the file has 500 bytes; the file is truncated"
+    with pytest.raises(packet_index.VideoDecodeError, match=cut):
+        check(offsets, sizes, ((100, 600),), 500, label="v.mp4")
+    check(offsets, sizes, None, 700, label="v.mkv")
+    with pytest.raises(packet_index.VideoDecodeError, match=r"v\.mkv: packets extend to byte 700 but the file has 500"):
+        check(offsets, sizes, None, 500, label="v.mkv")
+
+
+def test_listed_samples_of_zero_bytes_are_not_counted_against_the_demuxed_packets() -> None:
+    """FFmpeg's demux, and the rows, skip a sample of 0 bytes: a track listing one (at byte 9,999, past the 30-byte
+    file's end) and two others, both demuxed, is whole: its samples are not checked. Where the demuxer found fewer,
+    the samples of some bytes are (numbered among themselves): one outside the media data is named."""
+    samples = mp4_tables.SampleTable(
+        dts=np.array([0, 1, 2]), offset=np.array([0, 9_999, 10]), size=np.array([10, 0, 20]), keyframe=np.ones(3, bool)
+    )
+    track = Mp4Track(1, 3, np.array([]), np.array([]), False, samples=samples, media_data=((0, 30),))
+    packet_index._check_listed_samples(track, 2, label="v.mp4", file_size=30)
+    damaged = replace(track, samples=replace(samples, offset=np.array([0, 9_999, 25])))
+    with pytest.raises(packet_index.VideoDecodeError, match=r"v\.mp4: packet 1 \(bytes 25-45\) lies outside"):
+        packet_index._check_listed_samples(damaged, 1, label="v.mp4", file_size=30)

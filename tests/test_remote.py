@@ -25,6 +25,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from huggingface_hub.errors import OfflineModeIsEnabled
 
+from lerobot_dali import remote_errors
 from lerobot_dali.dataset_location import resolve_location, with_bulk_root
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.errors import DatasetError, DatasetNotFoundError, MissingDataFileError, RemoteFileError
@@ -40,6 +41,8 @@ from lerobot_dali.remote_errors import (
     not_served,
     refusal_noted,
     refused_error,
+    refused_without_if_match,
+    status_of,
     unmasked_error,
 )
 from lerobot_dali.remote_retry import RetryingFileSystem, fresh_instance
@@ -616,6 +619,30 @@ def test_a_refusal_is_noted_once_however_often_it_is_seen() -> None:
     for _ in range(3):
         assert refusal_noted(error, "read", "x.mp4") is error
     assert error.__notes__ == [f"lerobot_dali: read 'x.mp4' was refused (not retried): {REFUSED_HINT}"]
+
+
+def test_a_status_is_an_http_status_100_to_599_of_the_error_or_its_response() -> None:
+    """``status``, ``status_code`` or ``code`` (an int, not a bool) in HTTP's range, 100-599, of the error or its
+    ``response``; other numbers there (an errno, a library's own code) are no status."""
+    for value, status in [(99, None), (100, 100), (599, 599), (600, None), (True, None)]:
+        assert status_of(SimpleNamespace(code=value)) == status
+    assert status_of(SimpleNamespace(response=SimpleNamespace(status_code=404))) == 404
+
+
+def test_a_refusal_is_left_without_a_note_before_python_3_11(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exceptions take notes (``add_note``) from Python 3.11 on: on 3.10 a refusal passes on as it is."""
+    monkeypatch.setattr(remote_errors, "sys", SimpleNamespace(version_info=(3, 10, 14, "final", 0)))
+    error = FakeHTTPError(403, "Forbidden")
+    assert refusal_noted(error, "read", "x.mp4") is error and not hasattr(error, "__notes__")
+
+
+@pytest.mark.parametrize("status", [None, 401, 403])
+def test_a_read_refused_again_without_if_match_names_the_status_of_its_refusal(status: int | None) -> None:
+    """The status the server refused the read sent again without If-Match with (401 or 403); s3fs's PermissionError
+    has none: a 403."""
+    error = refused_without_if_match("https://host/x.mp4", status)
+    said = f"then refused the read sent again without If-Match (HTTP {status or 403}): it serves the file neither way"
+    assert said in str(error)
 
 
 @pytest.mark.parametrize(
