@@ -313,7 +313,7 @@ class CameraPlanner(CameraRouter):
             cpus = cpus_per_local_rank()
             say_once(logger, logging.INFO,
                 "cameras %s are decoded on the CPU by %s, with %s for this rank: decoding is usually what "
-                "bounds throughput here, so %s if the loop waits for batches",
+                "bounds throughput here, so if the loop waits for batches, %s",
                 decoded_by_workers,
                 counted(self.num_workers, "worker process") if self.num_workers else "the main process (num_workers=0)",
                 counted(cpus, "CPU"),

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bench_types import LOADERS
-from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
+from .cli_options import ArgumentParser, HelpFormatter, add_episode_pool_size, add_image_size, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -156,7 +156,7 @@ def _info(args: argparse.Namespace) -> int:
         depth = " (depth map)" if cam["depth_map"] else ""
         print(
             f"  camera {key}{depth}: {_probed(cam)}; {counted(cam['video_files'], 'video file')}, "
-            f"{cam['episodes_per_file']['min']}-{cam['episodes_per_file']['max']} episodes per file"
+            f"{_per_file(cam['episodes_per_file'])}"
         )
         if "probe_error" in cam:
             print(f"    {cam['probe_error']}")
@@ -178,7 +178,10 @@ def _info(args: argparse.Namespace) -> int:
             parquet = lookup.get(TimestampSource.PARQUET_TIMESTAMP.value)
             if parquet != "ok":
                 if lookup.get("frame_index") == "ok":
-                    advice = " -> read with timestamp_source='frame_index'"
+                    advice = (
+                        " -> read with timestamp_source='frame_index' (on the command line --timestamp-source "
+                        "frame_index)"
+                    )
                 else:  # the lookup's own message says what would read it (e.g. the tolerance_s to raise to)
                     advice, why = " -> why:", f"      {parquet}"
             print(f"    rows -> frames, first episode, tolerance {args.tolerance_s:g} s: {verdicts}{advice}")
@@ -188,6 +191,15 @@ def _info(args: argparse.Namespace) -> int:
         depth = " (depth map)" if key in summary["depth_image_cameras"] else ""
         print(f"  camera {key}{depth}: images in the data files (decoded by the workers)")
     return failed
+
+
+def _per_file(spread: dict[str, int]) -> str:
+    """Episodes per video file in words: ``2-5 episodes per file``, or one count where every file holds as many
+    (``1 episode per file``, not ``1-1``)."""
+    low, high = spread["min"], spread["max"]
+    if low == high:
+        return f"{counted(low, 'episode')} per file"
+    return f"{low}-{high} episodes per file"
 
 
 def _probed(camera: dict[str, Any]) -> str:
@@ -585,7 +597,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""), epilog=_exit_statuses(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument(
         "-v", "--verbose", action="count", default=0,
@@ -812,7 +824,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.set_defaults(run=_bench)
     for verb in verbs.choices.values():  # (each verb's --help says them too)
-        verb.epilog, verb.formatter_class = parser.epilog, argparse.RawDescriptionHelpFormatter
+        verb.epilog, verb.formatter_class = parser.epilog, HelpFormatter
     return parser
 
 

@@ -20,6 +20,7 @@ from .value_checks import is_int
 __all__ = [
     "MAX_IMAGE_SIDE",
     "ArgumentParser",
+    "HelpFormatter",
     "add_episode_pool_size",
     "add_image_size",
     "check_image_size",
@@ -34,6 +35,18 @@ MAX_IMAGE_SIDE = 8192
 _IMAGE_SIZE = f"a positive height and width up to {MAX_IMAGE_SIDE}, HxW (224x224) or H W (224 224)"
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter (the description and epilog as written: the verbs' table of exit statuses), but a help is
+    wrapped at spaces alone, never inside a hyphenated word: argparse broke ``--image-cameras`` across two lines
+    (``ignored with --image-`` / ``cameras``) and ``--drop-n-last-frames`` in train.py's, so a flag searched for in
+    ``--help`` was not found whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, but a word that starts as a negative number does (``-1x5``, ``-1e-3``, ``-1_000``) is a
     value, not an unknown option: ``--image-size -1x5`` and ``--lr -1e-3`` reach the checks that say what is allowed,
@@ -43,6 +56,7 @@ class ArgumentParser(argparse.ArgumentParser):
     values too (the parsers have no one-dash options)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(r"-\.?\d|-(inf|infinity|nan)$", re.IGNORECASE)
 

@@ -39,6 +39,7 @@ from lerobot_dali.new_folder import refuse_inside_a_dataset, refuse_taken, write
 from lerobot_dali.thread_priority import kept_thread_priority
 from lerobot_dali.video_encoding import CODECS, check_codec, encoder_settings
 from lerobot_dali.video_encoding import check_bounded_int as _check_int
+from lerobot_dali.wording import counted
 
 __all__ = [
     "CODECS",
@@ -713,11 +714,10 @@ def _write_v30(root: Path, spec: DatasetSpec) -> None:
             for key, moments in episode_image_moments.items():
                 total_moments[key] = total_moments[key].merge(moments) if key in total_moments else moments
         logger.info(
-            "file %d/%d: episodes %d-%d, %s%s",
+            "file %d/%d: %s, %s%s",
             file_ordinal + 1,
             math.ceil(spec.episodes / spec.episodes_per_file),
-            group[0],
-            group[-1],
+            f"episodes {group[0]}-{group[-1]}" if len(group) > 1 else f"episode {group[0]}",
             data_path.relative_to(root),
             _camera_files(spec),
         )
@@ -788,7 +788,7 @@ def _camera_files(spec: DatasetSpec) -> str:
     """What a progress message adds after a data file's path: the cameras written with it."""
     if not spec.cameras:
         return ""
-    return " with the camera images" if spec.image_cameras else f" and {spec.cameras} video file(s)"
+    return " with the camera images" if spec.image_cameras else f" and {counted(spec.cameras, 'video file')}"
 
 
 def _info(
@@ -865,9 +865,9 @@ def make_dataset(
     if not spec.cameras:
         what = "no cameras"
     elif spec.image_cameras:
-        what = f"{spec.cameras} image camera(s) as PNG in the data files"
+        what = f"{counted(spec.cameras, 'image camera')} as PNG in the data files"
     else:
-        what = f"{spec.cameras} camera(s) as {spec.codec} video, gop {spec.gop}"
+        what = f"{counted(spec.cameras, 'camera')} as {spec.codec} video, gop {spec.gop}"
     logger.info(
         "Writing a %s dataset of %d episodes (%d frames, %s) to %s",
         spec.version.value,

@@ -3,8 +3,8 @@
 A tqdm bar redraws itself with carriage returns. Written to a file or a pipe (a CI log, ``2> log``, a job
 scheduler's output file) every redraw stays: one long line of ``\\r``-joined states that a log viewer shows as
 one, or as hundreds. There the count is logged instead, a line at each tenth of the total (at most
-:data:`LINE_EVERY_S` apart, so a long run still shows it is alive) and one at the end; none before
-:data:`FIRST_LINE_S`, so a count done sooner logs its end alone.
+:data:`LINE_EVERY_S` apart, so a long run still shows it is alive, and at least :data:`LINE_GAP_S`) and one at the
+end; none before :data:`FIRST_LINE_S`, so a count done sooner logs its end alone.
 
 Used by ``lerobot-dali check``, the bench's measurements, and the library's own waits (opening several datasets
 at once, the prefetch cache's warm-up), which a training job's log gets from each node's first rank only. A wait
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from . import fork_locks
 from .wording import plural
 
-__all__ = ["LINE_EVERY_S", "ProgressLines", "progress_counter", "said_if_long"]
+__all__ = ["LINE_EVERY_S", "LINE_GAP_S", "ProgressLines", "progress_counter", "said_if_long"]
 
 #: Longest time between two progress lines where no bar is drawn.
 LINE_EVERY_S = 60.0
@@ -34,6 +34,9 @@ LINE_EVERY_S = 60.0
 #: check of 15,000 episodes reached its first tenth 3-10 s in, after its worker processes started, with no line
 #: before, while a check of 12 episodes done in 0 s logged 10 lines (and ``bench --quick`` 8 per loader).
 FIRST_LINE_S = 2.0
+#: Least seconds between a line and a tenth's after it: the bench's 8 batches came in one second after its pipeline
+#: started (5 s), and each was a tenth: 8 lines saying "(5 s)"; a tenth reached sooner waits for the next unit done.
+LINE_GAP_S = 1.0
 #: Seconds between two looks of a count's timer (``detail`` given) at whether a line is due: a look logs nothing else.
 TICK_S = 1.0
 
@@ -108,12 +111,13 @@ def _every(period_s: float | None, call: Callable[[], None]) -> Iterator[None]:
 
 
 class ProgressLines:
-    """A count of ``total`` logged as ``desc: done/total units (seconds)`` at each tenth of ``total``, at most
-    :data:`LINE_EVERY_S` apart, and by :meth:`finish`; the first line at the first unit done ``first_line_s`` in
-    (a count done sooner: :meth:`finish`'s line alone); none until ``delay_s`` seconds have passed (:meth:`finish` of
-    a count done sooner logs nothing). A wait shown only past its ``delay_s`` (the library's own: opening datasets,
-    the prefetch cache's warm-up) passes ``first_line_s=0``: its delay is its quiet time, and once shown each tenth
-    counts. ``detail()`` (when given) follows the count on each line: ``desc: done/total units, detail (seconds)``."""
+    """A count of ``total`` logged as ``desc: done/total units (seconds)`` at each tenth of ``total`` (at least
+    :data:`LINE_GAP_S` after the line before), at most :data:`LINE_EVERY_S` apart, and by :meth:`finish`; the first line
+    at the first unit done ``first_line_s`` in (a count done sooner: :meth:`finish`'s line alone); none until
+    ``delay_s`` seconds have passed (:meth:`finish` of a count done sooner logs nothing). A wait shown only past its
+    ``delay_s`` (the library's own: opening datasets, the prefetch cache's warm-up) passes ``first_line_s=0``: its delay
+    is its quiet time, and once shown each tenth counts. ``detail()`` (when given) follows the count on each line:
+    ``desc: done/total units, detail (seconds)``."""
 
     def __init__(
         self,
@@ -142,7 +146,8 @@ class ProgressLines:
             if now - self._started < self.delay_s:
                 return
             tenth = self.done * 10 // max(self.total, 1)
-            due = self._due_by_time(now) or (self._shown and tenth >= self._next_tenth)
+            at_tenth = self._shown and tenth >= self._next_tenth and now - self._logged >= LINE_GAP_S
+            due = self._due_by_time(now) or at_tenth
             if self.done < self.total and due:  # (all: finish)
                 self._next_tenth = tenth + 1
                 self._line(now)

@@ -113,7 +113,8 @@ def save_checkpoint(
     unwritten: CheckpointNotWritten | None = None
     try:
         with _said_where_out_of_space(root, step, staging):
-            accelerator.save_state(str(staging / "state"))
+            with _accelerate_quiet():
+                accelerator.save_state(str(staging / "state"))
             write_whole(staging / f"stream_rank{iterator.rank}.json", json.dumps(saved).encode())
     except CheckpointNotWritten as e:
         unwritten = e
@@ -402,6 +403,29 @@ def _stream_file(path: Path) -> dict[str, Any]:
     return _read_checkpoint(path, load)
 
 
+#: The loggers of accelerate's ``save_state`` and ``load_state``, whose INFO lines :func:`_accelerate_quiet` holds back.
+_ACCELERATE_LOGGERS = ("accelerate.accelerator", "accelerate.checkpointing")
+
+
+@contextlib.contextmanager
+def _accelerate_quiet() -> Iterator[None]:
+    """Within, accelerate's checkpoint loggers at WARNING: its ``save_state`` logged four INFO lines a save, naming the
+    staging folder (``.step_N.partial``, gone once renamed) before ``saved checkpoint`` named the real one, and its
+    ``load_state`` seven ("All scheduler states loaded successfully", "Loading in 0 custom states": this script has
+    neither), on each plain run. What they could tell (a rank's random states missing) :func:`_check_random_states`
+    says itself, as a warning; accelerate's warnings and errors still show."""
+    loggers = [logging.getLogger(name) for name in _ACCELERATE_LOGGERS]
+    levels = [log.level for log in loggers]
+    for log in loggers:
+        if log.getEffectiveLevel() < logging.WARNING:
+            log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.setLevel(level)
+
+
 #: What a file of torch.load raises, cut short or not one (besides OSError and ValueError): an empty file's EOFError,
 #: a pickle's UnpicklingError, a zip archive's RuntimeError.
 _TORCH_LOAD_ERRORS: tuple[type[Exception], ...] = (RuntimeError, pickle.UnpicklingError, EOFError)
@@ -419,7 +443,8 @@ def _load_state(accelerator: Any, directory: Path, *, rank: int, saved_world_siz
 
     state = directory / "state"
     _check_random_states(state, rank=rank, saved_world_size=saved_world_size)
-    _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (*_TORCH_LOAD_ERRORS, SafetensorError))
+    with _accelerate_quiet():
+        _read_checkpoint(state, lambda: accelerator.load_state(str(state)), (*_TORCH_LOAD_ERRORS, SafetensorError))
 
 
 def _check_random_states(state: Path, *, rank: int, saved_world_size: Any) -> None:

@@ -242,7 +242,9 @@ class TrainOptions:
 
 # -- command line ---------------------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
-    p = ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
+    # lines as written, up to 188 characters, past any terminal)
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--dataset",
         required=True,

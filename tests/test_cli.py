@@ -54,6 +54,8 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     assert main(["info", str(shared_dataset("cr5_v30_av1"))]) == 0
     printed = capsys.readouterr().out
     assert "parquet_timestamp fails, frame_index ok -> read with timestamp_source='frame_index'" in printed
+    assert "(on the command line --timestamp-source frame_index)" in printed  # (what check and diagnose take)
+    assert "3 video files, 2-5 episodes per file" in printed
     assert "random access" not in printed
     # Neither source reads r1 at the default tolerance: the text says why, and what would (no --json needed).
     assert main(["info", str(shared_dataset("r1_v30_h264"))]) == 0
@@ -62,6 +64,7 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     assert "Raise tolerance_s to 0.0201 (half a video frame; on the command line --tolerance-s 0.0201)" in printed
     # r1's keyframes are 250 frames apart (cr5's 2): what a random frame costs, and what re-encoding would.
     assert "random access: about 125.5 frames decoded per frame (from the keyframe before it)" in printed
+    assert "1 video file, 1 episode per file" in printed  # (it said "1-1 episodes per file")
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice
     assert "tolerance 0.0201 s: parquet_timestamp ok, frame_index ok" in capsys.readouterr().out
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "-1"]) == 2
@@ -531,7 +534,7 @@ def test_make_dataset_shows_its_progress_without_verbose(tmp_path: Path) -> None
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout == f"{out}\n", done.stderr
-    assert "INFO lerobot_dali.generate: file 2/2: episodes 1-1" in done.stderr
+    assert "INFO lerobot_dali.generate: file 2/2: episode 1," in done.stderr
 
 
 def test_bench_checks_recipe_and_image_size_before_any_work(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -226,3 +226,29 @@ def test_a_dataset_given_after_an_option_of_several_values_is_named_so(tmp_path,
     with pytest.raises(SystemExit):
         main(["check", "--tolerance-s", "abc", str(tmp_path)])  # (no path taken: no hint)
     assert "invalid float value: 'abc'\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "helps",
+    [
+        *(lambda verb=verb: _parser().parse_args([*verb, "--help"]) for verb in ([], ["make-dataset"], ["check"])),
+        *(lambda verb=verb: _parser().parse_args([verb, "--help"]) for verb in ("bench", "diagnose", "reencode")),
+        lambda: parse_args(["--help"]),
+        lambda: lerobot_policy.parse_args(["--help"]),
+    ],
+    ids=["lerobot-dali", "make-dataset", "check", "bench", "diagnose", "reencode", "train.py", "lerobot_policy.py"],
+)
+def test_help_never_breaks_a_flag_across_lines(helps, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """argparse wraps at hyphens: make-dataset's --codec help said "ignored with --image-" / "cameras", train.py's
+    --recipe "--drop-n-last-" / "frames" (which its RawTextHelpFormatter ran to 188 characters a line). Each help
+    wraps to the terminal at spaces alone; the verbs' exit statuses stay as written."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        helps()
+    said = capsys.readouterr().out
+    assert not re.search(r"--[a-z][a-z-]*-\n", said), re.findall(r".*--[a-z][a-z-]*-\n.*", said)
+    options = said[said.index("options:") :].split("exit status:")[0].splitlines()
+    helps_said = [line for line in options if not line.startswith("  -")]  # (a flag's choices argparse cannot break)
+    assert max(len(line) for line in helps_said) <= 80, [line for line in helps_said if len(line) > 80]

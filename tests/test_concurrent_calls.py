@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lerobot_dali import concurrent_calls
+from lerobot_dali import concurrent_calls, progress_lines
 from lerobot_dali.concurrent_calls import in_threads
 
 
@@ -36,6 +36,7 @@ def test_only_a_nodes_first_rank_shows_the_datasets_opened(
     """As the Hub's download and the warm-up: eight ranks of a node said the same count eight times."""
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0, raising=False)
+    monkeypatch.setattr(progress_lines, "LINE_GAP_S", 0.0)  # (a line as each call ends, 0.05 s apart)
     with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
         in_threads(time.sleep, [0.05, 0.1, 0.15], progress="opening datasets")
     assert "\r" not in capsys.readouterr().err

@@ -468,11 +468,12 @@ def test_a_cold_open_shows_the_progress_of_its_data_file_footers(
 ) -> None:
     """A cold open of a v2.1 dataset reads every episode's data file footer (3,000 episodes: 2-4 s; 15,000: ~9 s)
     and said nothing until it was done; now it counts them as the other waits do, on a node's first rank only."""
-    from lerobot_dali import concurrent_calls
+    from lerobot_dali import concurrent_calls, progress_lines
     from lerobot_dali.dataset_reader import open_dataset
 
     monkeypatch.setenv("LOCAL_RANK", local_rank)
     monkeypatch.setattr(concurrent_calls, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(progress_lines, "LINE_GAP_S", 0.0)  # (a line a file, each a tenth, ms apart)
     root = make_ds(**{**SPEC, "version": "v2.1"})
     with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
         open_dataset(root)

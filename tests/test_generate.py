@@ -660,17 +660,17 @@ def test_progress_is_logged_per_file_and_says_what_the_cameras_are(tmp_path: Pat
     make_dataset(tmp_path / "v21", codec="vp9", version="v2.1", **options)  # type: ignore[arg-type]
     messages = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.generate"]
     assert messages == [
-        f"Writing a v3.0 dataset of 3 episodes (6 frames, 1 image camera(s) as PNG in the data files) "
+        f"Writing a v3.0 dataset of 3 episodes (6 frames, 1 image camera as PNG in the data files) "
         f"to {tmp_path / 'images'}",
         "file 1/2: episodes 0-1, data/chunk-000/file-000.parquet with the camera images",
-        "file 2/2: episodes 2-2, data/chunk-000/file-001.parquet with the camera images",
-        f"Writing a v3.0 dataset of 3 episodes (6 frames, 2 camera(s) as vp9 video, gop 3) to {tmp_path / 'videos'}",
-        "file 1/2: episodes 0-1, data/chunk-000/file-000.parquet and 2 video file(s)",
-        "file 2/2: episodes 2-2, data/chunk-000/file-001.parquet and 2 video file(s)",
-        f"Writing a v2.1 dataset of 3 episodes (6 frames, 1 camera(s) as vp9 video, gop 2) to {tmp_path / 'v21'}",
-        "episode 1/3: data/chunk-000/episode_000000.parquet and 1 video file(s)",
-        "episode 2/3: data/chunk-000/episode_000001.parquet and 1 video file(s)",
-        "episode 3/3: data/chunk-000/episode_000002.parquet and 1 video file(s)",
+        "file 2/2: episode 2, data/chunk-000/file-001.parquet with the camera images",  # (it said "episodes 2-2")
+        f"Writing a v3.0 dataset of 3 episodes (6 frames, 2 cameras as vp9 video, gop 3) to {tmp_path / 'videos'}",
+        "file 1/2: episodes 0-1, data/chunk-000/file-000.parquet and 2 video files",
+        "file 2/2: episode 2, data/chunk-000/file-001.parquet and 2 video files",
+        f"Writing a v2.1 dataset of 3 episodes (6 frames, 1 camera as vp9 video, gop 2) to {tmp_path / 'v21'}",
+        "episode 1/3: data/chunk-000/episode_000000.parquet and 1 video file",  # (it said "1 video file(s)")
+        "episode 2/3: data/chunk-000/episode_000001.parquet and 1 video file",
+        "episode 3/3: data/chunk-000/episode_000002.parquet and 1 video file",
     ]
 
 

@@ -604,6 +604,12 @@ def test_the_cpu_decoding_line_asks_for_more_workers_only_where_cpus_are_left(
     said = [r.getMessage() for r in caplog.records if "decoded on the CPU by" in r.getMessage()]
     assert len(said) == 1 and f"decoded on the CPU by {said_counts}" in said[0] and advice in said[0], said
     assert ("raise num_workers" in said[0]) == (cpus > workers)
+    # The condition comes before the advice: "... so give this rank more CPUs (fewer ranks per node): its workers
+    # already match its CPUs, and workers beyond the CPU count decode no faster if the loop waits for batches" hung
+    # it on the wrong clause.
+    advice_said = said[0].partition("so if the loop waits for batches, ")[2]
+    assert advice_said.startswith(("raise num_workers", "give this rank more CPUs")), said
+    assert said[0].endswith(("toward the CPU count", "decode no faster")), said
 
 
 @pytest.mark.parametrize(

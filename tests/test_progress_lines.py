@@ -34,6 +34,19 @@ def test_a_count_says_its_first_line_once_it_lasts_though_no_tenth_is_done(caplo
                              "check: 1000/1000 episodes (5 s)"]  # fmt: skip
 
 
+def test_tenths_reached_within_a_second_of_the_line_before_wait_for_the_next_unit(caplog, monkeypatch) -> None:
+    """``bench --quick``'s 8 batches came in the second after its pipeline started (5 s), each a tenth: 8 lines, all
+    "(5 s)". A tenth now needs LINE_GAP_S since the line before; the end is said as before."""
+    clock = SimpleNamespace(now=0.0)
+    monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    lines = ProgressLines(8, desc="bench", unit="batch", logger=logging.getLogger(LOGGER))
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        for clock.now in (5.0, 5.1, 5.2, 5.3, 5.4, 6.2, 6.3, 6.4):
+            lines.update(1)
+        lines.finish()
+    assert _said(caplog) == ["bench: 1/8 batches (5 s)", "bench: 6/8 batches (6 s)", "bench: 8/8 batches (6 s)"]
+
+
 def test_a_count_done_at_once_past_its_first_line_says_the_end_once(caplog, monkeypatch) -> None:
     clock = SimpleNamespace(now=0.0)
     monkeypatch.setattr(progress_lines, "time", SimpleNamespace(monotonic=lambda: clock.now))
