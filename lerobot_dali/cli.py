@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bench_types import LOADERS
-from .cli_options import ArgumentParser, HelpFormatter, add_episode_pool_size, add_image_size, parse_size
+from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -597,7 +597,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
         prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""), epilog=_exit_statuses(),
-        formatter_class=HelpFormatter,
     )  # fmt: skip
     parser.add_argument(
         "-v", "--verbose", action="count", default=0,
@@ -823,8 +822,8 @@ def _parser() -> argparse.ArgumentParser:
         "~/.cache/lerobot_dali/bench where that variable is not set)",
     )
     bench.set_defaults(run=_bench)
-    for verb in verbs.choices.values():  # (each verb's --help says them too)
-        verb.epilog, verb.formatter_class = parser.epilog, HelpFormatter
+    for verb in verbs.choices.values():  # (each verb's --help says them too; ArgumentParser's formatter keeps them)
+        verb.epilog = parser.epilog
     return parser
 
 
