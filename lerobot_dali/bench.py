@@ -29,6 +29,7 @@ loader ``--loaders`` names on the CPU is skipped with a note too.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import importlib
@@ -279,12 +280,33 @@ GENERATED_STAMP = ".lerobot_dali_generated.json"
 
 
 def _generator_stamp(spec: GeneratedSpec) -> str:
+    """What decides a generated dataset's bytes: its spec, the code of the modules that write it (the rows, the
+    frames, the encoders and their options) and the encoders' build. The code is taken as its syntax tree less
+    docstrings, so an edit to a comment, a docstring or the layout reuses the cached set (hashing the source
+    wrote every cached set again, minutes at the default size, for any such edit)."""
+    import av
+
     from . import frame_marker, generate, video_encoding
 
     code = hashlib.sha256()
-    for module in (generate, frame_marker, video_encoding):  # the rows, the frames, the encoders and their options
-        code.update(Path(str(module.__file__)).read_bytes())
-    return json.dumps({"spec": dataclasses.asdict(spec), "generator_sha256": code.hexdigest()}, sort_keys=True)
+    for module in (generate, frame_marker, video_encoding):
+        code.update(_code_of(Path(str(module.__file__))).encode())
+    encoders = {"av": av.__version__, **{name: list(v) for name, v in sorted(av.library_versions.items())}}
+    return json.dumps(
+        {"spec": dataclasses.asdict(spec), "generator_sha256": code.hexdigest(), "encoders": encoders}, sort_keys=True
+    )
+
+
+def _code_of(source: Path) -> str:
+    """``source``'s syntax tree without docstrings or any other lone string statement (no-ops all), line numbers
+    or comments: what it does, not how it is written down."""
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            body[:] = kept or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def ensure_generated(spec: GeneratedSpec, cache_dir: Path) -> Path:

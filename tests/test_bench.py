@@ -610,7 +610,9 @@ def test_a_change_to_any_module_that_decides_the_generated_bytes_changes_the_sta
     module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The encoders and their options (preset, crf, B-frames, GOP) moved from generate.py to video_encoding.py,
-    which the stamp left out: a changed encoder setting benched the files the old one wrote."""
+    which the stamp left out: a changed encoder setting benched the files the old one wrote. A changed value in
+    the code changes the stamp; a comment, a docstring or the layout does not (hashing the source wrote every
+    cached set again for a reworded docstring)."""
     import importlib
 
     from lerobot_dali.bench import GeneratedSpec, _generator_stamp
@@ -618,9 +620,32 @@ def test_a_change_to_any_module_that_decides_the_generated_bytes_changes_the_sta
     spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
     before = _generator_stamp(spec)
     source = importlib.import_module(f"lerobot_dali.{module}")
+    text = Path(str(source.__file__)).read_text()
     changed = tmp_path / f"{module}.py"
-    changed.write_text(Path(str(source.__file__)).read_text() + "\n# changed\n")
     monkeypatch.setattr(source, "__file__", str(changed))
+
+    changed.write_text(text)
+    assert _generator_stamp(spec) == before
+    first_doc = text.index('"""') + 3
+    changed.write_text("# a comment\n\n" + text[:first_doc] + "Reworded. " + text[first_doc:].replace("\n", "\n\n", 3))
+    assert _generator_stamp(spec) == before  # a comment, a docstring, blank lines
+    changed.write_text(text + "\nCHANGED = 1\n")
+    assert _generator_stamp(spec) != before
+
+
+def test_the_generated_sets_stamp_names_the_encoders_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another PyAV wheel (its bundled FFmpeg, libsvtav1, x264) encodes other bytes from the same code."""
+    import av
+
+    from lerobot_dali.bench import GeneratedSpec, _generator_stamp
+
+    spec = GeneratedSpec(codec="vp9", cameras=1, size=(64, 64), fps=10, gop=2, episodes=1, frames_per_episode=4)
+    before = _generator_stamp(spec)
+    monkeypatch.setattr(av, "__version__", av.__version__ + ".post1")
+    assert _generator_stamp(spec) != before
+    monkeypatch.undo()
+    codec = av.library_versions["libavcodec"]
+    monkeypatch.setitem(av.library_versions, "libavcodec", (codec[0], codec[1] + 1, codec[2]))
     assert _generator_stamp(spec) != before
 
 
