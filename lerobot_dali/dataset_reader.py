@@ -543,11 +543,10 @@ class LeRobotDatasetReader:
         pos = int(np.searchsorted(ep.episode_index, episode_index))
         return self.data_path(pos) if pos < len(ep) and int(ep.episode_index[pos]) == episode_index else None
 
-    def read_stats(self, *, pooled: bool = False) -> FeatureStats:
+    def read_stats(self) -> FeatureStats:
         """The dataset's feature statistics, as LeRobot reads them (:func:`~.dataset_stats.read_dataset_stats`): of
-        every episode, not only those :attr:`episodes` keeps, as LeRobot's policies normalise (``meta.stats``).
-        ``pooled``: read for a union to pool with its other datasets' (by their counts)."""
-        return read_dataset_stats(self.location, self.info, pooled=pooled)
+        every episode, not only those :attr:`episodes` keeps, as LeRobot's policies normalise (``meta.stats``)."""
+        return read_dataset_stats(self.location, self.info)
 
     # -- files ---------------------------------------------------------------------------------------------
     def data_path(self, episode_pos: int) -> str:

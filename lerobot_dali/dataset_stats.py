@@ -52,11 +52,7 @@ FeatureStats = dict[str, dict[str, np.ndarray]]
 
 
 def read_dataset_stats(
-    location: DatasetLocation,
-    info: DatasetInfo | None = None,
-    *,
-    warn_not_finite: bool = True,
-    pooled: bool = False,
+    location: DatasetLocation, info: DatasetInfo | None = None, *, warn_not_finite: bool = True
 ) -> FeatureStats:
     """The dataset's statistics, from where LeRobot reads them: for v2.x the aggregate of
     ``meta/episodes_stats.jsonl`` where it exists (a ``stats.json`` left from v2.0 is ignored), else
@@ -70,8 +66,7 @@ def read_dataset_stats(
     without ``info``).
 
     ``warn_not_finite``: warn (once) of a mean, std, min or max that is NaN or infinite; ``check`` warns of those
-    with its own list of faults, so it reads them without. ``pooled``: read to be pooled with other datasets' (a
-    union's), weighed by their counts; the line naming entries without one says so.
+    with its own list of faults, so it reads them without.
     """
     order = _component_order(info)
     fs = location.meta_fs
@@ -96,7 +91,7 @@ def read_dataset_stats(
         if not isinstance(raw, Mapping):
             raise DatasetError(f"{path}: expected an object of feature statistics, got {type(raw).__name__}")
         stats = {key: _arrays(entry, f"{path}: {key}", order.get(key)) for key, entry in raw.items()}
-    return _counted(_finite(stats, path) if warn_not_finite else stats, location, info, path, pooled=pooled)
+    return _counted(_finite(stats, path) if warn_not_finite else stats, location, info, path)
 
 
 def _finite(stats: FeatureStats, path: str) -> FeatureStats:
@@ -173,22 +168,18 @@ def _stats_shapes(feature: Feature) -> list[tuple[int, ...]] | None:
     return [(channels, 1, 1), (channels,)] + ([(3, 1, 1), (3,)] if channels != 3 else [])
 
 
-def _counted(
-    stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str, *, pooled: bool
-) -> FeatureStats:
+def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:
     """``stats`` (of file ``path``), each entry without ``count`` given the dataset's frame count (which the file
-    covers: LeRobot computed it over every frame), said once; left without where that count is not known. Only a
-    union's pooling (``pooled``) weighs by it: a dataset read alone was told it was weighed "where datasets'
-    statistics are pooled", as if other datasets were read with it."""
+    covers: LeRobot computed it over every frame), said once; left without where that count is not known. (Said
+    alike read alone or pooled with other datasets': a line on "pooling" for one dataset read alone misled.)"""
     lacking = [key for key, entry in stats.items() if "count" not in entry]
     known = _dataset_frames(location, info) if lacking else None
     if known is None:
         return stats
     frames, source = known
-    use = "which weigh them where datasets' statistics are pooled" if pooled else "taken as their count"
     say_once(logger, logging.INFO,
-        "%s gives no 'count' for %s (LeRobot before v2.1 wrote none); they cover the dataset's %d frames (%s), %s",
-        path, lacking, frames, source, use,
+        "%s gives no 'count' for %s (LeRobot before v2.1 wrote none); they cover the dataset's %d frames (%s), taken "
+        "as their count", path, lacking, frames, source,
     )  # fmt: skip
     return {
         key: {**entry, "count": np.array([float(frames)])} if key in lacking else entry for key, entry in stats.items()

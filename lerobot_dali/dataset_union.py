@@ -338,11 +338,10 @@ class DatasetUnion(LeRobotDatasetReader):
         for member in self.members:
             member.check_data_columns()
 
-    def read_stats(self, *, pooled: bool = False) -> FeatureStats:
+    def read_stats(self) -> FeatureStats:
         """The members' statistics pooled as LeRobot pools datasets' (frame-weighted means, pooled variances): each
-        member's whole dataset's, whatever its ``episodes=``, as ``MultiLeRobotDataset`` pools ``meta.stats``.
-        (``pooled``: a union's are pooled whatever is asked.)"""
-        stats = [r.batch(m.read_stats(pooled=True)) for m, r in zip(self.members, self.renames, strict=True)]
+        member's whole dataset's, whatever its ``episodes=``, as ``MultiLeRobotDataset`` pools ``meta.stats``."""
+        stats = [r.batch(m.read_stats()) for m, r in zip(self.members, self.renames, strict=True)]
         for key in sorted({key for part in stats for key in part}):
             lacking = [m.location.description for m, part in zip(self.members, stats, strict=True) if key not in part]
             if lacking:  # (pooled over the others, as LeRobot pools them)

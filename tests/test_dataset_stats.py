@@ -364,8 +364,8 @@ def test_gr00ts_stats_without_count_pool_by_their_datasets_frames(tmp_path: Path
     source = "info.json's total_frames" if total_frames else f"the episode lengths in {part}/meta/episodes.jsonl"
     assert f"{full}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
     assert f"{part}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
-    assert "the dataset's 2096 frames (info.json's total_frames), which weigh them where datasets'" in caplog.text
-    assert f"the dataset's 740 frames ({source}), which weigh them where datasets' statistics are pooled" in caplog.text
+    assert "the dataset's 2096 frames (info.json's total_frames), taken as their count" in caplog.text
+    assert f"the dataset's 740 frames ({source}), taken as their count" in caplog.text
     for key in ("observation.state", "action", "timestamp", "next.reward"):
         rows = data_columns([full, part], key)
         assert int(pooled[key]["count"][0]) == len(rows) == 2096 + 740
