@@ -374,7 +374,7 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
     episodes: list[int] = []
     try:
         with progress_counter(
-            total, desc=f"{job.dataset.label[:24]} {job.loader}", unit="batch", logger=progress_log
+            total, desc=f"{_shortened(job.dataset.label, _LABEL_CHARS)} {job.loader}", unit="batch", logger=progress_log
         ) as progress:
             while delivered < total:
                 epoch_batches = 0
@@ -442,6 +442,10 @@ def measure_loader(job: LoaderJob) -> LoaderResult:
 
 _NOTE_CHARS = 1000
 """Most characters of a failed loader's note: this library's longest messages whole (their advice comes last)."""
+_LABEL_CHARS = 40
+"""Most characters of a dataset's label in a progress line (the bar's, or the log's), its start and end kept: cut to
+its first 24, ``so100_pick_and_place_left_h264`` and ``..._av1`` read alike, as did the datasets read as one
+(``a_v30_h264+a_v30_av1``); a generated set's (``h264_3cam_480x640_30fps_gop2_12ep_300f``) is whole."""
 
 
 def _error_note(error: BaseException) -> str:
@@ -459,12 +463,12 @@ def _error_note(error: BaseException) -> str:
     return _shortened(f"{type(error).__name__}: {head.strip()} {raised}")
 
 
-def _shortened(text: str) -> str:
-    """``text``, or its start and end around " ... " where it is longer than :data:`_NOTE_CHARS`."""
-    if len(text) <= _NOTE_CHARS:
+def _shortened(text: str, most: int = _NOTE_CHARS) -> str:
+    """``text``, or its start and end around " ... " where it is longer than ``most`` characters."""
+    if len(text) <= most:
         return text
-    head = _NOTE_CHARS * 2 // 5
-    return f"{text[:head]} ... {text[len(text) - (_NOTE_CHARS - head - 5) :]}"
+    head = most * 2 // 5
+    return f"{text[:head]} ... {text[len(text) - (most - head - 5) :]}"
 
 
 def _child_main(job: LoaderJob, conn: Any, scratch: str | None = None) -> None:

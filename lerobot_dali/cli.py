@@ -633,8 +633,9 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     check.add_argument(
         "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
-        default=[TimestampSource.PARQUET_TIMESTAMP.value],
-        help="how rows find their frames, as the run will: one for every dataset, or one per dataset",
+        default=[TimestampSource.PARQUET_TIMESTAMP.value], metavar="SOURCE",
+        help="how rows find their frames, as the run will, SOURCE one of %(choices)s (default parquet_timestamp): "
+        "one for every dataset, or one per dataset",
     )  # fmt: skip
     check.add_argument(
         "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
@@ -677,8 +678,9 @@ def _parser() -> argparse.ArgumentParser:
         help="with DATASET: only these camera keys (give DATASET first: --cameras takes every word after it)",
     )  # fmt: skip
     diagnose.add_argument(
-        "--timestamp-source", type=str.lower, choices=[s.value for s in TimestampSource],
-        help="with DATASET: how rows find their frames, as the iterator will (default parquet_timestamp)",
+        "--timestamp-source", type=str.lower, choices=[s.value for s in TimestampSource], metavar="SOURCE",
+        help="with DATASET: how rows find their frames, as the iterator will, SOURCE one of %(choices)s (default "
+        "parquet_timestamp)",
     )  # fmt: skip
     diagnose.add_argument(
         "--tolerance-s", type=float,
@@ -762,9 +764,9 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
     bench.add_argument(
         "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
-        default=[TimestampSource.PARQUET_TIMESTAMP.value],
-        help="how rows find their frames: frame_index / fps for wall-clock parquet timestamps; one for every dataset, "
-        "or one per --dataset",
+        default=[TimestampSource.PARQUET_TIMESTAMP.value], metavar="SOURCE",
+        help="how rows find their frames, SOURCE one of %(choices)s (default parquet_timestamp): frame_index / fps "
+        "for wall-clock parquet timestamps; one for every dataset, or one per --dataset",
     )  # fmt: skip
     bench.add_argument(
         "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],

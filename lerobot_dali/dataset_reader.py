@@ -332,6 +332,11 @@ class LeRobotDatasetReader:
         names = self._parquet.get(self.data_path(episode_pos)).schema_arrow.names
         return [name for name in names if name not in self.info.features and not name.startswith("__index_level_")]
 
+    def reads_every_key(self, episode_pos: int) -> bool:
+        """Whether episode ``episode_pos``'s rows are read for every tabular key info.json declares (no ``keys=``
+        selection left one out): only then does a column info.json leaves out cost a batch a key it would hold."""
+        return set(self.info.tabular_keys) <= set(self.tabular_keys)
+
     def check_data_columns(self) -> None:
         """Raise SchemaMismatchError where a data file of the episodes read lacks the column of a feature read, or
         its type (a fixed-size list: LeRobot's v2.1 files) cannot hold the declared shape, as far as the open read
@@ -935,17 +940,27 @@ def open_located(
 
 def warn_undeclared_columns(reader: LeRobotDatasetReader) -> None:
     """Warn, per dataset, of data-file columns info.json does not declare: a batch then lacks a key the data holds,
-    which a KeyError in the training loop would not explain. A first data file that does not open is left to the
-    row reads, which raise naming it."""
+    which a KeyError in the training loop would not explain. Where keys were chosen (``keys=``, ``--keys``), the
+    batches hold those alone whatever info.json declares, so the columns are only named, at INFO: a warning on
+    every run of a command the user narrowed on purpose taught nothing. A first data file that does not open is
+    left to the row reads, which raise naming it."""
     for pos in reader.first_episodes():
         try:
             extra = reader.undeclared_columns(pos)
         except DatasetError:
             continue
-        if extra:
+        if not extra:
+            continue
+        if reader.reads_every_key(pos):
             warn_once(logger,
-                "%s: the data files hold columns info.json does not declare, %s: they are not read, so batches have "
-                "no such keys; declare them under 'features' in meta/info.json to read them",
+                "%s: the data files hold columns info.json does not declare, %s: they are not read, so batches "
+                "have no such keys; declare them under 'features' in meta/info.json to read them",
+                reader.source_of(pos), extra,
+            )  # fmt: skip
+        else:
+            say_once(logger, logging.INFO,
+                "%s: the data files also hold columns info.json does not declare, %s, which no keys= selection can "
+                "name; declare them under 'features' in meta/info.json to read them",
                 reader.source_of(pos), extra,
             )  # fmt: skip
 

@@ -170,15 +170,16 @@ def _stats_shapes(feature: Feature) -> list[tuple[int, ...]] | None:
 
 def _counted(stats: FeatureStats, location: DatasetLocation, info: DatasetInfo | None, path: str) -> FeatureStats:
     """``stats`` (of file ``path``), each entry without ``count`` given the dataset's frame count (which the file
-    covers: LeRobot computed it over every frame), said once; left without where that count is not known."""
+    covers: LeRobot computed it over every frame), said once; left without where that count is not known. (Said
+    alike read alone or pooled with other datasets': a line on "pooling" for one dataset read alone misled.)"""
     lacking = [key for key, entry in stats.items() if "count" not in entry]
     known = _dataset_frames(location, info) if lacking else None
     if known is None:
         return stats
     frames, source = known
     say_once(logger, logging.INFO,
-        "%s gives no 'count' for %s (LeRobot before v2.1 wrote none); they cover the dataset's %d frames (%s), which "
-        "weigh them where datasets' statistics are pooled", path, lacking, frames, source,
+        "%s gives no 'count' for %s (LeRobot before v2.1 wrote none); they cover the dataset's %d frames (%s), taken "
+        "as their count", path, lacking, frames, source,
     )  # fmt: skip
     return {
         key: {**entry, "count": np.array([float(frames)])} if key in lacking else entry for key, entry in stats.items()

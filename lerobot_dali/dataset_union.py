@@ -308,6 +308,10 @@ class DatasetUnion(LeRobotDatasetReader):
         d, pos = self.member(episode_pos)
         return self.members[d].undeclared_columns(pos)
 
+    def reads_every_key(self, episode_pos: int) -> bool:
+        d, pos = self.member(episode_pos)
+        return self.members[d].reads_every_key(pos)
+
     def unlisted_index_error(
         self, name: str, index: int, episode_index: int, dataset: int | None = None, *, more: int = 0
     ) -> EpisodeMetadataError:

@@ -384,8 +384,9 @@ def add_reading_options(p: argparse.ArgumentParser, *, several: bool) -> None:
         "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
     )
     p.add_argument(
-        "--timestamp-source", type=str.lower, choices=("parquet_timestamp", "frame_index"), **each,
-        help=f"how rows find their video frames (frame_index: frame_index / fps, for wall-clock timestamps){per}",
+        "--timestamp-source", type=str.lower, choices=("parquet_timestamp", "frame_index"), metavar="SOURCE", **each,
+        help="how rows find their video frames, SOURCE one of %(choices)s (default parquet_timestamp; frame_index: "
+        f"frame_index / fps, for wall-clock timestamps){per}",
     )  # fmt: skip
     p.add_argument(
         "--tolerance-s", type=float, nargs="+" if several else None,

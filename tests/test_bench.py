@@ -698,6 +698,37 @@ def test_the_benchs_own_bookkeeping_between_epochs_is_not_timed(make_ds, monkeyp
     assert result.window_s < 2.0 and result.batch_p99_ms < 2000, (result.window_s, result.batch_p99_ms)
 
 
+def test_progress_lines_tell_apart_datasets_whose_labels_share_a_long_start(
+    make_ds, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The progress lines cut a dataset's label to its first 24 characters: ``so100_pick_and_place_left_h264`` and
+    ``so100_pick_and_place_left_av1`` both read ``so100_pick_and_place_lef``. A label is whole up to 40 characters,
+    a longer one its start and end around " ... "."""
+    import logging
+
+    from lerobot_dali.bench_measure import LoaderJob, measure_loader
+    from lerobot_dali.bench_types import BenchDataset
+
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, size=(64, 64), codec="vp9")  # 2 batches an epoch
+    plan = load_plan(BenchConfig(quick=True), open_dataset(root))
+    long = "lerobot_so100_pick_and_place_left_arm_wrist_and_top_cameras_h264"
+    shown = {}
+    for label in ("so100_pick_and_place_left_h264", "so100_pick_and_place_left_av1", long):
+        job = LoaderJob(
+            loader="pyav-dataloader", dataset=BenchDataset(label, str(root)), plan=plan, batch_size=4,
+            num_workers=0, pool_size=4, device="cpu", steps=1, warmup=1, seed=0, log_level=30,
+        )  # fmt: skip
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="lerobot_dali.bench.progress"):
+            assert measure_loader(job).status == "ok"
+        (shown[label],) = {m.split(" pyav-dataloader: ")[0] for r in caplog.records if " 2/2 " in (m := r.getMessage())}
+    assert shown == {
+        "so100_pick_and_place_left_h264": "so100_pick_and_place_left_h264",
+        "so100_pick_and_place_left_av1": "so100_pick_and_place_left_av1",
+        long: "lerobot_so100_pi ... nd_top_cameras_h264",  # (40 characters)
+    }
+
+
 def test_a_warning_during_a_measurement_is_logged_on_its_own_line_not_after_the_bar(
     make_ds, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -241,7 +241,12 @@ def test_a_dataset_given_after_an_option_of_several_values_is_named_so(tmp_path,
 def test_help_never_breaks_a_flag_across_lines(helps, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
     """argparse wraps at hyphens: make-dataset's --codec help said "ignored with --image-" / "cameras", train.py's
     --recipe "--drop-n-last-" / "frames" (which its RawTextHelpFormatter ran to 188 characters a line). Each help
-    wraps to the terminal at spaces alone; the verbs' exit statuses stay as written."""
+    wraps to the terminal at spaces alone; the verbs' exit statuses stay as written.
+
+    The usage and the flags' own lines fit too: argparse cannot break a flag's choices, and check's, the bench's and
+    train.py's ``--timestamp-source {parquet_timestamp,frame_index} [{parquet_timestamp,frame_index} ...]`` ran to
+    116 columns in usage, 90 among the options (diagnose's to 81); its metavar is SOURCE, its help names the
+    choices."""
     import re
 
     monkeypatch.setenv("COLUMNS", "80")
@@ -249,6 +254,24 @@ def test_help_never_breaks_a_flag_across_lines(helps, capsys: pytest.CaptureFixt
         helps()
     said = capsys.readouterr().out
     assert not re.search(r"--[a-z][a-z-]*-\n", said), re.findall(r".*--[a-z][a-z-]*-\n.*", said)
+    usage = said[: said.index("\n\n")].splitlines()
     options = said[said.index("options:") :].split("exit status:")[0].splitlines()
-    helps_said = [line for line in options if not line.startswith("  -")]  # (a flag's choices argparse cannot break)
-    assert max(len(line) for line in helps_said) <= 80, [line for line in helps_said if len(line) > 80]
+    assert max(len(line) for line in usage + options) <= 80, [line for line in usage + options if len(line) > 80]
+
+
+def test_timestamp_source_named_source_in_help_still_refuses_what_its_choices_lack(capsys, monkeypatch) -> None:
+    """Its metavar SOURCE (for the usage to fit 80 columns) leaves argparse's check of its choices, named in its
+    help."""
+    for argv in (["check", "d"], [*BENCH], ["diagnose", "d"]):
+        with pytest.raises(SystemExit):
+            _parser().parse_args([*argv, "--timestamp-source", "pts"])
+        assert "--timestamp-source: invalid choice: 'pts'" in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit):
+        parse_args([*TRAIN, "--timestamp-source", "pts"])
+    assert "--timestamp-source: invalid choice: 'pts'" in capsys.readouterr().err
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["check", "--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "--timestamp-source SOURCE [SOURCE ...] how rows find their frames, as the run will, SOURCE one of " in said
+    assert "SOURCE one of parquet_timestamp, frame_index (default parquet_timestamp)" in said

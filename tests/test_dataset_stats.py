@@ -336,6 +336,20 @@ def data_columns(roots: list[Path], key: str) -> np.ndarray:
     return np.asarray(column, np.float64).reshape(-1, 1)
 
 
+def test_stats_without_count_of_one_dataset_are_said_to_take_its_frames_not_to_be_pooled(caplog) -> None:
+    """GR00T read alone: the line naming its entries without 'count' said its frames "weigh them where datasets'
+    statistics are pooled", though no other dataset was read with it. It says they are taken as their count."""
+    from lerobot_dali import open_dataset
+
+    reader = open_dataset(shared_dataset(GR00T), cameras=["observation.images.ego_view"])
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.dataset_stats"):
+        stats = reader.read_stats()
+    (said,) = [r.getMessage() for r in caplog.records if "gives no 'count'" in r.getMessage()]
+    assert said.endswith("they cover the dataset's 2096 frames (info.json's total_frames), taken as their count"), said
+    assert "pool" not in said, said
+    assert int(stats["action"]["count"][0]) == 2096
+
+
 @pytest.mark.parametrize("total_frames", [True, False], ids=["info_total_frames", "episode_lengths"])
 def test_gr00ts_stats_without_count_pool_by_their_datasets_frames(tmp_path: Path, caplog, total_frames: bool) -> None:
     """GR00T's v2.0 stats.json has no 'count': a union of it and two of its episodes (a v2.0 dataset of its own,
@@ -350,8 +364,8 @@ def test_gr00ts_stats_without_count_pool_by_their_datasets_frames(tmp_path: Path
     source = "info.json's total_frames" if total_frames else f"the episode lengths in {part}/meta/episodes.jsonl"
     assert f"{full}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
     assert f"{part}/meta/stats.json gives no 'count' for ['observation.state', 'action', " in caplog.text
-    assert "the dataset's 2096 frames (info.json's total_frames)" in caplog.text
-    assert f"the dataset's 740 frames ({source})" in caplog.text
+    assert "the dataset's 2096 frames (info.json's total_frames), taken as their count" in caplog.text
+    assert f"the dataset's 740 frames ({source}), taken as their count" in caplog.text
     for key in ("observation.state", "action", "timestamp", "next.reward"):
         rows = data_columns([full, part], key)
         assert int(pooled[key]["count"][0]) == len(rows) == 2096 + 740

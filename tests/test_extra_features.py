@@ -161,6 +161,34 @@ def test_columns_info_json_does_not_declare_are_named_once_when_built(
     assert said == [("DEBUG", warned[0])]  # (said once per job: the iterator said it)
 
 
+def test_columns_info_json_does_not_declare_are_named_at_info_where_keys_were_chosen(
+    extra_ds: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``keys=["action"]`` (``check --keys action``): the batches hold the keys chosen whatever info.json declares,
+    yet every run warned that the columns it leaves out are not read. Named once at INFO there; reading every key,
+    a batch lacks a key the data holds: still a warning."""
+    root = shutil.copytree(extra_ds, tmp_path / "dataset")
+    info_path = root / "meta" / "info.json"
+    info = json.loads(info_path.read_text())
+    del info["features"]["extra.gripper"]
+    info_path.write_text(json.dumps(info))
+    caplog.set_level(logging.INFO, logger="lerobot_dali")
+    DALILeRobotIterator(root, keys=["action"], batch_size=2, device="cpu", num_workers=0)
+    assert check_dataset(open_dataset(root, keys=["action"]), workers=0).ok
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "does not declare" in r.getMessage()]
+    assert said == [
+        (
+            "INFO",
+            f"{root}: the data files also hold columns info.json does not declare, ['extra.gripper'], which no keys= "
+            "selection can name; declare them under 'features' in meta/info.json to read them",
+        )
+    ]
+    caplog.clear()
+    DALILeRobotIterator(root, batch_size=2, device="cpu", num_workers=0)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "does not declare" in r.getMessage()]
+    assert [level for level, _ in said] == ["WARNING"], said
+
+
 @pytest.mark.parametrize(
     ("dtype", "stored", "found"),
     [

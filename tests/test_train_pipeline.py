@@ -1063,8 +1063,8 @@ def test_concat_trains_on_gr00t_and_part_of_it_pooling_their_countless_statistic
     extra = ["--concat", "--timestamp-source", "frame_index"]
     ckpt, record_dir, log = _run(tmp_path, datasets, steps=3, batch=4, procs=1, extra=extra)
     assert "union of 2 datasets: 7 episodes, 2836 frames" in log
-    assert "the dataset's 2096 frames (info.json's total_frames), which weigh them where datasets' statistics" in log
-    assert "the dataset's 740 frames (info.json's total_frames), which weigh them where datasets' statistics" in log
+    assert "the dataset's 2096 frames (info.json's total_frames), taken as their count" in log
+    assert "the dataset's 740 frames (info.json's total_frames), taken as their count" in log
     (record,) = _records(record_dir, 1)
     assert len(record["losses"]) == 3 and all(math.isfinite(x) for x in record["losses"])
     model = _model(ckpt, 3)
