@@ -192,7 +192,10 @@ class _EpisodeChecker:
                 rows = self.reader.read_episode(pos, decoded=groups)
             except Exception as e:  # (the run would have stopped on it: list it, go on)
                 problems.append(self._problem(pos, episode_index, None, e))
-                continue
+                index_rows = self._index_rows(pos, groups)
+                if index_rows is None:
+                    continue
+                rows = index_rows
             try:
                 self._check_tasks(pos, rows, episode_index)
             except EpisodeMetadataError as e:
@@ -213,6 +216,16 @@ class _EpisodeChecker:
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems), done)
+
+    def _index_rows(self, pos: int, groups: DecodedGroups) -> dict[str, np.ndarray] | None:
+        """Episode ``pos``'s index columns alone (timestamp, frame_index, ...), where its rows failed to read: a bad
+        tabular column (a shape info.json misstates, say) leaves the frame lookups to check, which need only these,
+        so one check lists both (they showed only once the column was left out). None where these fail too."""
+        try:
+            return self.reader.read_episode(pos, keys=[], decoded=groups)
+        except Exception as e:  # (the same fault, most likely: listed already)
+            logger.debug("episode position %d: its index columns do not read either: %s", pos, e)
+            return None
 
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
         """Raise where episode ``pos``'s rows hold a ``task_index`` the task list lacks, or a ``subtask_index`` the

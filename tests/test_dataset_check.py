@@ -382,12 +382,35 @@ def test_real_datasets_by_each_timestamp_source() -> None:
     assert by_index.ok
     assert (by_index.episodes, by_index.rows, by_index.video_files, by_index.frames_decoded) == (12, 2733, 3, 2733)
     r1 = shared_dataset("r1_v30_h264")
-    drifted = check_dataset(open_dataset(r1))  # observation.state holds 41 values, info.json declares 17
-    assert _found(drifted) == {(0, None, "SchemaMismatchError")}
-    assert "observation.state" in drifted.problems[0].message
+    # observation.state holds 41 values, info.json declares 17; the frames are looked up still (they listed only
+    # once the column was left out, with keys=).
+    drifted = check_dataset(open_dataset(r1))
+    assert _found(drifted) == {(0, None, "SchemaMismatchError"), (0, "observation.images.rgb", "FrameTimestampError")}
+    assert "observation.state" in drifted.problems[0].message and drifted.rows == 790
+    assert "--tolerance-s 0.0201" in drifted.problems[1].message
     # 10 fps rows over 25 fps video: half a frame of tolerance reads every row.
     rest = check_dataset(open_dataset(r1, keys=["action"]), tolerance_s=0.0201, decode=True)
     assert rest.ok and (rest.rows, rest.frames_decoded) == (790, 790)
+
+
+def test_the_frames_of_an_episode_whose_tabular_column_is_bad_are_looked_up_still(make_ds, copy_ds) -> None:
+    """A column whose values disagree with info.json failed the episode's read, and its frames went unchecked: a
+    fault there showed only on a second check without the column. The lookups need the index columns alone, so one
+    check lists both, and an episode whose index columns fail too is listed once."""
+    root = copy_ds(make_ds(**SPEC))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.state"]["shape"] = [99]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 3, lambda v: v + 0.5 / FPS))
+    report = check_dataset(open_dataset(root), workers=0)
+    schema = {(e, None, "SchemaMismatchError") for e in range(5)}
+    assert _found(report) == schema | {(3, CAM0, "FrameTimestampError"), (3, CAM1, "FrameTimestampError")}
+    assert (report.episodes, report.rows, report.video_files) == (5, 60, 6)
+    assert check_dataset(open_dataset(root, keys=["action"]), workers=0).problem_count == 2  # (as told without it)
+    _edit_rows(root, lambda t: t.drop(["timestamp"]))  # (an index column too: each episode listed once, its rows)
+    problems = check_dataset(open_dataset(root), workers=0).problems
+    assert _found(SimpleNamespace(problems=problems)) == schema and len(problems) == 5
+    assert all("declared feature(s) ['timestamp'] have no column" in p.message for p in problems)
 
 
 def test_problems_are_listed_by_episode_where_the_data_files_hold_the_episodes_in_reverse(make_ds, copy_ds) -> None:
