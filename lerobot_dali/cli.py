@@ -652,8 +652,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     check.add_argument(
         "--workers", type=int, metavar="N",
-        help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode, for remote files or "
-        "for 2,000 episodes or more, else 0)",
+        help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode (started at the "
+        "first frame to decode), for remote files or for 2,000 episodes or more, else 0)",
     )  # fmt: skip
     check.add_argument(
         "--concat", action="store_true",

@@ -586,6 +586,40 @@ def test_frames_that_failed_are_decoded_again_and_fail_again(make_ds, copy_ds, m
     assert (damaged.frames_decoded, damaged.frames_verified_before, damaged.video_files_verified_before) == (0, 108, 5)
 
 
+def test_a_decode_check_starts_its_workers_only_to_decode(make_ds, copy_ds, monkeypatch, process_starts) -> None:
+    """A decode check started its workers (~1 s each) before any episode, with nothing to decode too: every frame
+    decoded by an earlier check, or no camera read. They are started at the first frame to decode, the episodes
+    before it checked here, and report as workers started at once do."""
+    monkeypatch.setattr(dataset_check, "usable_cpus", lambda: 2)  # (two workers to decode, on any machine)
+    root = copy_ds(make_ds(**SPEC))
+    first = check_dataset(open_dataset(root), decode=True)  # (frames to decode from the first episode)
+    assert first.ok and first.frames_decoded == 120 and process_starts
+    process_starts.clear()
+    again = check_dataset(open_dataset(root), decode=True)
+    assert again.ok and (again.frames_decoded, again.frames_verified_before, again.video_files_verified_before) == (
+        0, 120, 6
+    )  # fmt: skip
+    assert process_starts == []
+    started = check_dataset(open_dataset(root), decode=True, workers=2)  # (told to: started, for the same report)
+    assert process_starts and dataclasses.replace(started, seconds=0.0) == dataclasses.replace(again, seconds=0.0)
+    process_starts.clear()
+    tabular = check_dataset(open_dataset(root, cameras=[]), decode=True)
+    assert tabular.ok and (tabular.episodes, tabular.rows, tabular.video_files) == (5, 60, 0) and process_starts == []
+    # Camera 0's second file (episodes 2 and 3) rewritten as it was: from episode 2 on the workers check, and decode.
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"
+    video.write_bytes(video.read_bytes())
+    rewritten = check_dataset(open_dataset(root), decode=True)
+    done = (rewritten.frames_decoded, rewritten.frames_verified_before, rewritten.video_files_verified_before)
+    assert rewritten.ok and done == (24, 96, 5) and (rewritten.episodes, rewritten.rows) == (5, 60) and process_starts
+    # Images stored in the data files alike.
+    images = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True), "images")
+    process_starts.clear()
+    assert check_dataset(open_dataset(images), decode=True).frames_decoded == 18 and process_starts
+    process_starts.clear()
+    again = check_dataset(open_dataset(images), decode=True)
+    assert again.ok and (again.frames_decoded, again.frames_verified_before) == (0, 18) and process_starts == []
+
+
 def test_redecode_decodes_every_frame_again(make_ds, copy_ds, monkeypatch) -> None:
     root, decodes = _decoded_once(make_ds, copy_ds, monkeypatch)
     forced = check_dataset(open_dataset(root), decode=True, redecode=True, workers=0)
