@@ -331,11 +331,12 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
         )  # fmt: skip
     if args.json:
         return report.to_json()
-    decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
+    decoded = f", {counted(report.frames_decoded, 'frame')} decoded" if args.decode else ""
     if report.frames_verified_before:
         files = report.video_files_verified_before
+        skipped_files = f"{counted(files, 'video file')} and " if files else ""
         decoded += (
-            f" ({f'{files} video files and ' if files else ''}{report.frames_verified_before} frames skipped: "
+            f" ({skipped_files}{counted(report.frames_verified_before, 'frame')} skipped: "
             "decoded by an earlier check, unchanged since; --redecode decodes them again)"
         )
     problems = counted(report.problem_count, "problem") if report.problem_count else "no problems"

@@ -688,6 +688,15 @@ def test_check_says_advice_its_problems_share_once_and_json_keeps_every_message_
     ]
 
 
+def test_check_counts_one_video_file_skipped_as_one(capsys) -> None:
+    """r1's one video, decoded by a check before, was "1 video files and 790 frames skipped"."""
+    argv = ["check", str(shared_dataset("r1_v30_h264")), "--keys", "action", "--tolerance-s", "0.0201", "--decode"]
+    assert main(argv) == 0
+    assert ", 1 video file, 790 frames decoded checked in " in capsys.readouterr().out
+    assert main(argv) == 0
+    assert ", 0 frames decoded (1 video file and 790 frames skipped: decoded by an earlier" in capsys.readouterr().out
+
+
 def test_check_logs_a_warning_on_its_own_line_not_after_the_progress_bar() -> None:
     """r1's data files hold columns info.json does not declare: the warning check logs as it starts was written
     after the bar's 0% (``... 0/1 [00:00<?, ?episode/s]WARNING lerobot_dali...``)."""
