@@ -29,6 +29,7 @@ from .video_encoding import CODECS, DEFAULT_CRF, LONG_GOP_FRAMES
 from .wording import counted
 
 if TYPE_CHECKING:
+    from .dataset_check import CheckReport, Problem
     from .dataset_reader import LeRobotDatasetReader, LocatedDataset
 
 __all__ = ["EXIT_STATUSES", "main"]
@@ -330,11 +331,12 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
         )  # fmt: skip
     if args.json:
         return report.to_json()
-    decoded = f", {report.frames_decoded} frames decoded" if args.decode else ""
+    decoded = f", {counted(report.frames_decoded, 'frame')} decoded" if args.decode else ""
     if report.frames_verified_before:
         files = report.video_files_verified_before
+        skipped_files = f"{counted(files, 'video file')} and " if files else ""
         decoded += (
-            f" ({f'{files} video files and ' if files else ''}{report.frames_verified_before} frames skipped: "
+            f" ({skipped_files}{counted(report.frames_verified_before, 'frame')} skipped: "
             "decoded by an earlier check, unchanged since; --redecode decodes them again)"
         )
     problems = counted(report.problem_count, "problem") if report.problem_count else "no problems"
@@ -346,13 +348,52 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     )
     for kind, count in report.problem_kinds.items():
         print(f"  {count:>6} x {kind}")
-    for problem in report.problems[: args.show]:
+    _print_problems(report, args.show)
+    return report.to_json()
+
+
+def _print_problems(report: CheckReport, show: int) -> None:
+    """``report``'s first ``show`` problems, each with its own facts; advice several of them end with once after
+    them, marked [A], [B], ... in theirs (:mod:`.shared_advice`: 12 problems of cr5_v21_av1 repeated ~300 characters
+    of it, 11 alike). ``--json`` has every message whole."""
+    from .shared_advice import ELIDED, split_shared_advice
+
+    shown = report.problems[:show]
+    split = split_shared_advice([problem.message for problem in shown])
+    for problem, own, shared in zip(shown, split.own, split.advice_of, strict=True):
         where = f"camera {problem.camera}" if problem.camera else "rows"
         dataset = "" if problem.dataset == report.source else f"{problem.dataset}: "  # (a union's datasets)
-        print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {problem.message}")
-    if report.problem_count > args.show:
-        print(f"... and {report.problem_count - args.show} more (--show N lists more; --json lists them)")
-    return report.to_json()
+        mark = "" if shared is None else f" [{_advice_mark(shared)}]"
+        print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {own}{mark}")
+    for at, advice in enumerate(split.advice):
+        which = _problems_named(report, [shown[i] for i in split.sharing(at)])
+        elided = f" ({ELIDED}: each one's own number, in its line)" if ELIDED in advice else ""
+        print(f"[{_advice_mark(at)}] {which}{elided}: {advice}")
+    if report.problem_count > show:
+        print(f"... and {report.problem_count - show} more (--show N lists more; --json lists them)")
+
+
+def _advice_mark(at: int) -> str:
+    """The mark of the ``at``-th advice shared: A-Z, then AA, AB, ..."""
+    mark = ""
+    at += 1
+    while at:
+        at, letter = divmod(at - 1, 26)
+        mark = chr(ord("A") + letter) + mark
+    return mark
+
+
+def _problems_named(report: CheckReport, problems: Sequence[Problem]) -> str:
+    """Which episodes ``problems`` are of: ``episodes 0-4, 6-11``; a union's by dataset (``ds: episode 3; ...``)."""
+    from .shared_advice import episode_spans
+
+    datasets = dict.fromkeys(problem.dataset for problem in problems)
+    named = []
+    for dataset in datasets:
+        episodes = {problem.episode_index for problem in problems if problem.dataset == dataset}
+        spans = f"{'episode' if len(episodes) == 1 else 'episodes'} {episode_spans(sorted(episodes))}"
+        named.append(spans if dataset == report.source else f"{dataset}: {spans}")
+    return "; ".join(named)
 
 
 def _said(value: Any) -> str:
@@ -653,8 +694,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     check.add_argument(
         "--workers", type=int, metavar="N",
-        help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode, for remote files or "
-        "for 2,000 episodes or more, else 0)",
+        help="processes checking episodes (0: this one; default: the CPUs, at most 8, to decode (started at the "
+        "first frame to decode), for remote files or for 2,000 episodes or more, else 0)",
     )  # fmt: skip
     check.add_argument(
         "--concat", action="store_true",

@@ -142,6 +142,10 @@ class _Tally:
     decodes: _Decodes
 
 
+class _DecodeDue(Exception):
+    """A frame or image to decode, met by a check told to decode none (:meth:`_EpisodeChecker.check`)."""
+
+
 @dataclass
 class _EpisodeChecker:
     """Checks episodes in one process; sent to each worker once (the reader pickles small)."""
@@ -181,8 +185,10 @@ class _EpisodeChecker:
         """Close this process's open video files."""
         self._decoder.close()
 
-    def check(self, positions: Sequence[int]) -> _Tally:
-        """Check episodes ``positions`` (of one data file, :func:`_tasks`: its row groups decoded once for all)."""
+    def check(self, positions: Sequence[int], *, decodes_here: bool = True) -> _Tally:
+        """Check episodes ``positions`` (of one data file, :func:`_tasks`: its row groups decoded once for all).
+        ``decodes_here=False``: raise :class:`_DecodeDue` instead of decoding any frame or image (``decode=True``),
+        as :func:`_tallies` leaves decoding to workers it starts only then."""
         rows_read, files, decoded, problems = 0, set(), 0, []
         done = _Decodes()
         groups = DecodedGroups()
@@ -192,7 +198,10 @@ class _EpisodeChecker:
                 rows = self.reader.read_episode(pos, decoded=groups)
             except Exception as e:  # (the run would have stopped on it: list it, go on)
                 problems.append(self._problem(pos, episode_index, None, e))
-                continue
+                index_rows = self._index_rows(pos, groups)
+                if index_rows is None:
+                    continue
+                rows = index_rows
             try:
                 self._check_tasks(pos, rows, episode_index)
             except EpisodeMetadataError as e:
@@ -204,15 +213,30 @@ class _EpisodeChecker:
                     files.add(video.path)
                     frames = self._check_video(pos, camera, rows, video, index)
                     if self.decode and frames.size:
-                        decoded += self._decode_video(pos, video, index, frames, done)
+                        decoded += self._decode_video(pos, video, index, frames, done, here=decodes_here)
+                except _DecodeDue:
+                    raise
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
             for camera in self.reader.image_keys:
                 try:
-                    decoded += self._check_images(pos, camera, len(rows["frame_index"]), groups, done)
+                    length = len(rows["frame_index"])
+                    decoded += self._check_images(pos, camera, length, groups, done, here=decodes_here)
+                except _DecodeDue:
+                    raise
                 except Exception as e:
                     problems.append(self._problem(pos, episode_index, camera, e))
         return _Tally(len(positions), rows_read, frozenset(files), decoded, tuple(problems), done)
+
+    def _index_rows(self, pos: int, groups: DecodedGroups) -> dict[str, np.ndarray] | None:
+        """Episode ``pos``'s index columns alone (timestamp, frame_index, ...), where its rows failed to read: a bad
+        tabular column (a shape info.json misstates, say) leaves the frame lookups to check, which need only these,
+        so one check lists both (they showed only once the column was left out). None where these fail too."""
+        try:
+            return self.reader.read_episode(pos, keys=[], decoded=groups)
+        except Exception as e:  # (the same fault, most likely: listed already)
+            logger.debug("episode position %d: its index columns do not read either: %s", pos, e)
+            return None
 
     def _check_tasks(self, pos: int, rows: dict[str, np.ndarray], episode_index: int) -> None:
         """Raise where episode ``pos``'s rows hold a ``task_index`` the task list lacks, or a ``subtask_index`` the
@@ -268,9 +292,12 @@ class _EpisodeChecker:
         )  # fmt: skip
         return np.unique(numbers)
 
-    def _decode_video(self, pos: int, video: VideoRef, index: PacketIndex, frames: np.ndarray, done: _Decodes) -> int:
+    def _decode_video(
+        self, pos: int, video: VideoRef, index: PacketIndex, frames: np.ndarray, done: _Decodes, *, here: bool
+    ) -> int:
         """Frames decoded of ``frames`` of ``video``: none where an earlier check decoded them from the file as it is
-        now (a local one), and a pass kept where they decode and the file did not change meanwhile."""
+        now (a local one), and a pass kept where they decode and the file did not change meanwhile (``here=False``:
+        :class:`_DecodeDue` raised instead of decoding)."""
         fs = self.reader.filesystem_of(video.path)
         path = local_video_path(video.path, filesystem=fs)
         before = local_verdict(path, frames)
@@ -278,16 +305,20 @@ class _EpisodeChecker:
             done.frames_verified_before += len(frames)
             done.files_verified_before.add(video.path)
             return 0
+        if not here:
+            raise _DecodeDue
         done.files_decoded.add(video.path)
         decoded = self._decoder.verify(video.path, index, frames, filesystem=fs)
         if before is not None and local_verdict(path, frames) == before:  # (a file rewritten meanwhile: none kept)
             done.verdicts.append((self.reader.source_of(pos), before))
         return decoded
 
-    def _check_images(self, pos: int, camera: str, length: int, groups: DecodedGroups, done: _Decodes) -> int:
+    def _check_images(
+        self, pos: int, camera: str, length: int, groups: DecodedGroups, done: _Decodes, *, here: bool
+    ) -> int:
         """Images decoded of episode ``pos``'s of ``camera`` (``length``, its rows'): none where an earlier check
         decoded them from the data file as it is now (a local one), and a pass kept where they decode and the file
-        did not change meanwhile."""
+        did not change meanwhile (``here=False``: :class:`_DecodeDue` raised instead of decoding)."""
         expected = self.image_shapes.get(camera)
         data_path = self.reader.data_path(pos)
         path = local_video_path(data_path, filesystem=self.reader.filesystem_of(data_path))
@@ -303,6 +334,8 @@ class _EpisodeChecker:
         if before is not None and before in self.verified:
             done.frames_verified_before += length
             return 0
+        if not here:
+            raise _DecodeDue
         for start in range(0, length, 64):  # (a few decoded at a time, not the episode's all)
             shape = self._decode_images(pos, camera, images[start : start + 64].to_pylist(), start).shape[1:]
             if expected is not None and shape != expected:
@@ -360,7 +393,8 @@ def check_dataset(
 
     ``decode``: every frame the rows read decoded too, but those an earlier check decoded from a local file unchanged
     since (:mod:`.verified_decode_store`); ``redecode``: those too. ``workers`` processes (0: this one; None:
-    :func:`default_workers`) share the episodes; ``progress(n)`` is called as each ``n`` more are done.
+    :func:`default_workers`, those to decode started at the first frame to decode) share the episodes;
+    ``progress(n)`` is called as each ``n`` more are done.
     Past ``max_problems`` (a fault every episode shares, in a big dataset) problems are counted, not kept.
     Raises TypeError for a path: open it as the run will (its cameras, keys and episodes) and pass the reader.
     """
@@ -370,6 +404,10 @@ def check_dataset(
             "(with the cameras=, keys= and episodes= the run reads) or concat_datasets([...])"
         )
     started = time.perf_counter()
+    # Workers to decode are started at the first frame to decode: none where every frame was decoded by an earlier
+    # check (a check again of a dataset unchanged), or where no camera is read; the rest is checked here meanwhile,
+    # as without decode (their start took ~2 s of 3 on cr5_v30_av1's 12 episodes, all decoded before).
+    when_decoding = workers is None and decode and not default_workers(reader, decode=False)
     workers = default_workers(reader, decode=decode) if workers is None else check_int("workers", workers, minimum=0)
     checker = _EpisodeChecker(
         reader=reader.for_workers(),
@@ -398,7 +436,7 @@ def check_dataset(
     kinds: Counter[str] = Counter()
     most = max(1, min(_TASK_EPISODES, -(-reader.num_episodes // (4 * max(workers, 1)))))
     try:
-        for tally in _tallies(checker, list(_tasks(reader, most)), workers):
+        for tally in _tallies(checker, list(_tasks(reader, most)), workers, when_decoding=when_decoding):
             report.episodes += tally.episodes
             report.rows += tally.rows
             report.frames_decoded += tally.frames_decoded
@@ -453,8 +491,9 @@ def _warn_stats_faults(reader: LeRobotDatasetReader) -> None:
 
 
 def default_workers(reader: LeRobotDatasetReader, *, decode: bool) -> int:
-    """Processes worth starting (each takes about a second): up to 8, one per CPU, to decode, to read remote
-    files, or for 2,000 episodes or more; else none. Checked without decoding, a local episode takes 1-3 ms
+    """Processes worth starting (each takes about a second): up to 8, one per CPU, to decode (:func:`check_dataset`
+    starts them at the first frame to decode, where none would be started without), to read remote files, or for
+    2,000 episodes or more; else none. Checked without decoding, a local episode takes 1-3 ms
     here (400 episodes of two cameras: 0.4 s in v3.0, 1.1 s in v2.1), two workers 1.1 and 1.8 s."""
     if decode or not reader.location.is_local or reader.num_episodes >= 2000:
         return min(8, usable_cpus())
@@ -518,8 +557,26 @@ def _tasks(reader: LeRobotDatasetReader, most: int) -> Iterator[list[int]]:
             yield run[start : start + most].tolist()
 
 
-def _tallies(checker: _EpisodeChecker, tasks: list[list[int]], workers: int) -> Iterator[_Tally]:
-    """Each task's tally, in this process or in ``workers`` spawned ones (a few tasks in flight per worker)."""
+def _tallies(
+    checker: _EpisodeChecker, tasks: list[list[int]], workers: int, *, when_decoding: bool = False
+) -> Iterator[_Tally]:
+    """Each task's tally, in this process or in ``workers`` spawned ones (a few tasks in flight per worker);
+    ``when_decoding``: in this process up to the first task with a frame or image to decode, that one and the rest in
+    the workers (started then: none where nothing is to decode)."""
+    if when_decoding and workers > 0:
+        checked = 0
+        try:
+            for task in tasks:
+                tally = checker.check(task, decodes_here=False)
+                checked += 1
+                yield tally
+        except _DecodeDue:  # (the task is checked again by a worker, whole)
+            logger.debug("frames to decode from task %d of %d on: starting %d workers", checked, len(tasks), workers)
+        finally:
+            checker.close()
+        tasks = tasks[checked:]
+        if not tasks:
+            return
     if workers <= 0 or len(tasks) <= 1:
         try:
             for task in tasks:

@@ -648,6 +648,56 @@ def test_check_of_wall_clock_timestamps_names_the_flag_that_reads_them(capsys) -
     assert main([*argv, "--timestamp-source", "frame_index"]) == 0
 
 
+def test_check_says_advice_its_problems_share_once_and_json_keeps_every_message_whole(capsys) -> None:
+    """cr5_v21_av1's 12 problems each printed its ~300 characters of advice, 11 alike (episode 5's rows fall between
+    frames, the others' run past their videos). Each line now holds its problem's facts, marked [A] where its advice
+    is the one said once after them (where each episode's last row belongs elided: its line says its video's end);
+    a problem alone in its advice, or shown alone (--show 1), is printed whole; --json keeps every message whole."""
+    dataset = str(shared_dataset("cr5_v21_av1"))
+    assert main(["check", dataset, "--json"]) == 1
+    messages = {p["episode_index"]: p["message"] for p in json.loads(capsys.readouterr().out)["problems"]}
+    assert len(messages) == 12 and all("--timestamp-source frame_index" in m for m in messages.values())
+    assert main(["check", dataset]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    problems = {int(line.split(",")[0].split()[1]): line for line in lines if line.startswith("episode ")}
+    advice = [line for line in lines if line.startswith("[")]
+    assert len(problems) == 12 and len(advice) == 1 and len(lines) == 2 + 12 + 1, lines
+    assert problems[5].endswith(messages[5]) and "[A]" not in problems[5]
+    assert advice[0].startswith("[A] episodes 0-4, 6-11 (…: each one's own number, in its line): The row lies past")
+    said = advice[0].split("in its line): ", 1)[1]
+    for episode in (e for e in messages if e != 5):
+        own, mark = problems[episode].split(": FrameTimestampError: ", 1)[1].rsplit(" ", 1)
+        assert mark == "[A]" and "The row lies past" not in own
+        end = own.rsplit("-", 1)[1].split(" s)", 1)[0]  # (the video's end, where its last row belongs)
+        assert f"{own} {said.replace('…', end)}" == messages[episode]  # (nothing left out)
+    assert sum("The row lies past" in line for line in lines) == 1  # (11 before)
+    assert main(["check", dataset, "--show", "1"]) == 1  # (alone: whole, and the rest counted)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        f"episode 0, camera observation.images.top: FrameTimestampError: {messages[0]}",
+        "... and 11 more (--show N lists more; --json lists them)",
+    ]
+    assert main(["check", dataset, "--show", "2"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line[:4] for line in lines[2:]] == ["epis", "epis", "[A] ", "... "] and "[A] episodes 0-1 (" in lines[4]
+    v30 = str(shared_dataset("cr5_v30_av1"))  # (a union's, by dataset: v3.0's files hold several episodes each)
+    assert main(["check", dataset, v30, "--concat", "--show", "24"]) == 1
+    advice = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [line.split(" (…")[0].split(": If ")[0] for line in advice] == [
+        f"[A] {dataset}: episodes 0-4, 6-11; {v30}: episodes 4, 9, 11",
+        f"[B] {dataset}: episode 5; {v30}: episodes 0-3, 5-8, 10",
+    ]
+
+
+def test_check_counts_one_video_file_skipped_as_one(capsys) -> None:
+    """r1's one video, decoded by a check before, was "1 video files and 790 frames skipped"."""
+    argv = ["check", str(shared_dataset("r1_v30_h264")), "--keys", "action", "--tolerance-s", "0.0201", "--decode"]
+    assert main(argv) == 0
+    assert ", 1 video file, 790 frames decoded checked in " in capsys.readouterr().out
+    assert main(argv) == 0
+    assert ", 0 frames decoded (1 video file and 790 frames skipped: decoded by an earlier" in capsys.readouterr().out
+
+
 def test_check_logs_a_line_on_its_own_line_not_after_the_progress_bar() -> None:
     """r1's data files hold columns info.json does not declare: the line check logs of them as it starts (a
     warning then; at INFO, shown by -v, where keys are chosen) was written after the bar's 0% (``... 0/1

@@ -382,12 +382,35 @@ def test_real_datasets_by_each_timestamp_source() -> None:
     assert by_index.ok
     assert (by_index.episodes, by_index.rows, by_index.video_files, by_index.frames_decoded) == (12, 2733, 3, 2733)
     r1 = shared_dataset("r1_v30_h264")
-    drifted = check_dataset(open_dataset(r1))  # observation.state holds 41 values, info.json declares 17
-    assert _found(drifted) == {(0, None, "SchemaMismatchError")}
-    assert "observation.state" in drifted.problems[0].message
+    # observation.state holds 41 values, info.json declares 17; the frames are looked up still (they listed only
+    # once the column was left out, with keys=).
+    drifted = check_dataset(open_dataset(r1))
+    assert _found(drifted) == {(0, None, "SchemaMismatchError"), (0, "observation.images.rgb", "FrameTimestampError")}
+    assert "observation.state" in drifted.problems[0].message and drifted.rows == 790
+    assert "--tolerance-s 0.0201" in drifted.problems[1].message
     # 10 fps rows over 25 fps video: half a frame of tolerance reads every row.
     rest = check_dataset(open_dataset(r1, keys=["action"]), tolerance_s=0.0201, decode=True)
     assert rest.ok and (rest.rows, rest.frames_decoded) == (790, 790)
+
+
+def test_the_frames_of_an_episode_whose_tabular_column_is_bad_are_looked_up_still(make_ds, copy_ds) -> None:
+    """A column whose values disagree with info.json failed the episode's read, and its frames went unchecked: a
+    fault there showed only on a second check without the column. The lookups need the index columns alone, so one
+    check lists both, and an episode whose index columns fail too is listed once."""
+    root = copy_ds(make_ds(**SPEC))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"]["observation.state"]["shape"] = [99]
+    (root / "meta/info.json").write_text(json.dumps(info))
+    _edit_rows(root, lambda t: _set_where(t, "timestamp", 3, lambda v: v + 0.5 / FPS))
+    report = check_dataset(open_dataset(root), workers=0)
+    schema = {(e, None, "SchemaMismatchError") for e in range(5)}
+    assert _found(report) == schema | {(3, CAM0, "FrameTimestampError"), (3, CAM1, "FrameTimestampError")}
+    assert (report.episodes, report.rows, report.video_files) == (5, 60, 6)
+    assert check_dataset(open_dataset(root, keys=["action"]), workers=0).problem_count == 2  # (as told without it)
+    _edit_rows(root, lambda t: t.drop(["timestamp"]))  # (an index column too: each episode listed once, its rows)
+    problems = check_dataset(open_dataset(root), workers=0).problems
+    assert _found(SimpleNamespace(problems=problems)) == schema and len(problems) == 5
+    assert all("declared feature(s) ['timestamp'] have no column" in p.message for p in problems)
 
 
 def test_problems_are_listed_by_episode_where_the_data_files_hold_the_episodes_in_reverse(make_ds, copy_ds) -> None:
@@ -561,6 +584,40 @@ def test_frames_that_failed_are_decoded_again_and_fail_again(make_ds, copy_ds, m
         damaged = check_dataset(open_dataset(root), decode=True, workers=0)
         assert _found(damaged) == {(3, CAM0, "VideoDecodeError")} and sorted(decodes) == decoded
     assert (damaged.frames_decoded, damaged.frames_verified_before, damaged.video_files_verified_before) == (0, 108, 5)
+
+
+def test_a_decode_check_starts_its_workers_only_to_decode(make_ds, copy_ds, monkeypatch, process_starts) -> None:
+    """A decode check started its workers (~1 s each) before any episode, with nothing to decode too: every frame
+    decoded by an earlier check, or no camera read. They are started at the first frame to decode, the episodes
+    before it checked here, and report as workers started at once do."""
+    monkeypatch.setattr(dataset_check, "usable_cpus", lambda: 2)  # (two workers to decode, on any machine)
+    root = copy_ds(make_ds(**SPEC))
+    first = check_dataset(open_dataset(root), decode=True)  # (frames to decode from the first episode)
+    assert first.ok and first.frames_decoded == 120 and process_starts
+    process_starts.clear()
+    again = check_dataset(open_dataset(root), decode=True)
+    assert again.ok and (again.frames_decoded, again.frames_verified_before, again.video_files_verified_before) == (
+        0, 120, 6
+    )  # fmt: skip
+    assert process_starts == []
+    started = check_dataset(open_dataset(root), decode=True, workers=2)  # (told to: started, for the same report)
+    assert process_starts and dataclasses.replace(started, seconds=0.0) == dataclasses.replace(again, seconds=0.0)
+    process_starts.clear()
+    tabular = check_dataset(open_dataset(root, cameras=[]), decode=True)
+    assert tabular.ok and (tabular.episodes, tabular.rows, tabular.video_files) == (5, 60, 0) and process_starts == []
+    # Camera 0's second file (episodes 2 and 3) rewritten as it was: from episode 2 on the workers check, and decode.
+    video = root / f"videos/{CAM0}/chunk-000/file-001.mp4"
+    video.write_bytes(video.read_bytes())
+    rewritten = check_dataset(open_dataset(root), decode=True)
+    done = (rewritten.frames_decoded, rewritten.frames_verified_before, rewritten.video_files_verified_before)
+    assert rewritten.ok and done == (24, 96, 5) and (rewritten.episodes, rewritten.rows) == (5, 60) and process_starts
+    # Images stored in the data files alike.
+    images = copy_ds(make_ds(episodes=3, frames_per_episode=6, cameras=1, fps=FPS, image_cameras=True), "images")
+    process_starts.clear()
+    assert check_dataset(open_dataset(images), decode=True).frames_decoded == 18 and process_starts
+    process_starts.clear()
+    again = check_dataset(open_dataset(images), decode=True)
+    assert again.ok and (again.frames_decoded, again.frames_verified_before) == (0, 18) and process_starts == []
 
 
 def test_redecode_decodes_every_frame_again(make_ds, copy_ds, monkeypatch) -> None:
