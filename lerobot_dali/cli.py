@@ -17,6 +17,7 @@ import select
 import signal
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -31,6 +32,7 @@ from .wording import counted
 if TYPE_CHECKING:
     from .dataset_check import CheckReport, Problem
     from .dataset_reader import LeRobotDatasetReader, LocatedDataset
+    from .errors import MissingDataFileError
 
 __all__ = ["EXIT_STATUSES", "main"]
 
@@ -315,7 +317,7 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     from .dataset_check import check_dataset
     from .progress_lines import progress_counter
 
-    reader = reader if reader is not None else _open_dataset(args)
+    reader, missing = (reader, []) if reader is not None else _open_to_check(args)
     # (a union's args hold a list, one value or one per dataset, which the union holds itself)
     source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
     with progress_counter(
@@ -329,6 +331,7 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
             reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, redecode=args.redecode,
             workers=args.workers, progress=progress,
         )  # fmt: skip
+    _list_missing_cameras(report, reader, missing)
     if args.json:
         return report.to_json()
     decoded = f", {counted(report.frames_decoded, 'frame')} decoded" if args.decode else ""
@@ -350,6 +353,46 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
         print(f"  {count:>6} x {kind}")
     _print_problems(report, args.show)
     return report.to_json()
+
+
+def _open_to_check(args: argparse.Namespace) -> tuple[LeRobotDatasetReader, list[MissingDataFileError]]:
+    """``args.dataset`` opened, and, where ``--cameras`` chose none, the errors of the cameras info.json declares
+    that have no video for the first episode (GR00T's ``egoview``, never recorded): opened without them, so a check
+    lists them with every other problem in one run (it stopped at the first, and the next run found the frames'
+    timestamps)."""
+    from .dataset_reader import locate_dataset
+    from .errors import MissingDataFileError
+
+    if args.cameras is not None:
+        return _open_dataset(args), []
+    with _opening(args.dataset):
+        located = locate_dataset(args.dataset, revision=args.revision)
+    missing: list[MissingDataFileError] = []
+    while True:
+        left_out = {error.camera for error in missing}
+        cameras = [camera for camera in located.info.camera_keys if camera not in left_out] if missing else None
+        try:
+            return _open_dataset(_with(args, cameras=cameras), located), missing
+        except MissingDataFileError as e:
+            if e.camera is None or e.camera in left_out:
+                raise
+            missing.append(e)
+
+
+def _list_missing_cameras(
+    report: CheckReport, reader: LeRobotDatasetReader, missing: list[MissingDataFileError]
+) -> None:
+    """``missing`` (:func:`_open_to_check`'s) added to ``report``'s problems, each of the first episode."""
+    from .dataset_check import Problem
+
+    if not missing:
+        return
+    first = int(reader.episodes.episode_index[0])
+    found = [Problem(report.source, first, e.camera, type(e).__name__, str(e)) for e in missing]
+    report.problems = sorted([*found, *report.problems], key=lambda p: (p.dataset, p.episode_index, p.camera or ""))
+    kinds = Counter(report.problem_kinds)
+    kinds.update(f"{p.error} in {p.camera}" for p in found)
+    report.problem_kinds = dict(kinds.most_common())
 
 
 def _print_problems(report: CheckReport, show: int) -> None:

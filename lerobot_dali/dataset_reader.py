@@ -1179,5 +1179,6 @@ def _check_first_files(reader: LeRobotDatasetReader) -> None:
             others = [c for c in reader.camera_keys if c != camera]
             raise MissingDataFileError(
                 f"{video} is missing: camera {camera!r} is declared in info.json but its video for the first "
-                f"episode does not exist. If the camera was never recorded, open with {cameras_hint(others)}"
+                f"episode does not exist. If the camera was never recorded, open with {cameras_hint(others)}",
+                camera=camera,
             )

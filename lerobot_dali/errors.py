@@ -139,11 +139,14 @@ class InvalidPathTemplateError(DatasetError):
 
 class MissingDataFileError(DatasetError, FileNotFoundError):
     """A data parquet or video file that the metadata refers to is absent. ``status`` is the HTTP status its server
-    answered (404, 410), as :class:`RemoteFileError`'s; None where no server was asked (a local file, a listing)."""
+    answered (404, 410), as :class:`RemoteFileError`'s; None where no server was asked (a local file, a listing).
+    ``camera``: the camera info.json declares that has no video for the first episode (never recorded, as GR00T's
+    ``egoview``), which ``lerobot-dali check`` lists as a problem before checking the others; None otherwise."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *, camera: str | None = None) -> None:
         super().__init__(message)
         self._status = status  # (kept through pickling: an error's __dict__ goes with its args)
+        self.camera = camera
 
     @property
     def status(self) -> int | None:

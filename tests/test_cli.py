@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -687,6 +688,47 @@ def test_check_says_advice_its_problems_share_once_and_json_keeps_every_message_
         f"[A] {dataset}: episodes 0-4, 6-11; {v30}: episodes 4, 9, 11",
         f"[B] {dataset}: episode 5; {v30}: episodes 0-3, 5-8, 10",
     ]
+
+
+def test_check_lists_a_camera_never_recorded_and_checks_the_others(capsys) -> None:
+    """GR00T declares camera egoview, with no files: check stopped at opening (exit 2), and only a run with
+    --cameras found the other camera's rows a frame ahead of its video. One run lists both (exit 1)."""
+    root = str(shared_dataset("gr00t_v20_h264"))
+    assert main(["check", root, "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert (report["episodes"], report["rows"], report["video_files"]) == (5, 2096, 5)
+    assert report["problem_kinds"] == {
+        "FrameTimestampError in observation.images.ego_view": 5,
+        "MissingDataFileError in observation.images.egoview": 1,
+    }
+    (missing,) = [p for p in report["problems"] if p["error"] == "MissingDataFileError"]
+    assert missing["episode_index"] == 0 and missing["camera"] == "observation.images.egoview"
+    assert missing["message"].endswith("(on the command line: --cameras observation.images.ego_view)")
+    assert main(["check", root, "--timestamp-source", "frame_index", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["problem_kinds"] == {
+        "MissingDataFileError in observation.images.egoview": 1
+    }
+    assert main(["check", root, "--cameras", "observation.images.egoview"]) == 2  # (asked for: not left out)
+    assert "MissingDataFileError" in capsys.readouterr().err
+
+
+def test_check_lists_every_camera_without_files_and_checks_the_rest(tmp_path: Path, capsys) -> None:
+    """Two of three cameras without a file: each listed once, of the first episode; the third checked as ever."""
+    root = tmp_path / "ds"
+    args = ["make-dataset", str(root), "--episodes", "2", "--frames-per-episode", "4", "--cameras", "3"]
+    assert main([*args, "--size", "64x64", "--codec", "vp9", "--episodes-per-file", "1"]) == 0
+    cameras = sorted(p.name for p in (root / "videos").iterdir())
+    for camera in (cameras[0], cameras[2]):
+        shutil.rmtree(root / "videos" / camera)
+    capsys.readouterr()
+    assert main(["check", str(root), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert (report["episodes"], report["rows"], report["video_files"]) == (2, 8, 2)  # (the camera left, its 2 files)
+    assert [(p["episode_index"], p["camera"], p["error"]) for p in report["problems"]] == [
+        (0, cameras[0], "MissingDataFileError"),
+        (0, cameras[2], "MissingDataFileError"),
+    ]
+    assert report["problem_kinds"] == {f"MissingDataFileError in {c}": 1 for c in (cameras[0], cameras[2])}
 
 
 def test_check_counts_one_video_file_skipped_as_one(capsys) -> None:

@@ -94,6 +94,16 @@ def test_a_missing_data_file_error_keeps_its_status(status: int | None) -> None:
     assert type(rebuilt) is errors.MissingDataFileError and (str(rebuilt), rebuilt.status) == (other, None)
 
 
+def test_a_missing_data_file_error_pickles_with_its_camera_and_status() -> None:
+    """The camera with no files (``check`` lists it and checks the others) goes along with the status."""
+    import pickle
+
+    error = errors.MissingDataFileError("videos/egoview/episode_000000.mp4 is missing", 404, camera="egoview")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), str(copy), copy.status, copy.camera) == (type(error), str(error), 404, "egoview")
+    assert pickle.loads(pickle.dumps(errors.MissingDataFileError("x"))).camera is None
+
+
 def test_unknown_types_are_not_rebuilt() -> None:
     class ThirdPartyError(Exception):
         pass
