@@ -14,6 +14,7 @@ from pathlib import Path
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -85,6 +86,15 @@ def test_an_undamaged_row_group_spans_its_column_chunks(make_ds) -> None:
     footer_at = len(raw) - 8 - struct.unpack("<I", raw[-8:-4])[0]
     spans = row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata)
     assert spans.dtype == np.int64 and spans.tolist() == [[4, footer_at]]  # (byte offsets: float64 rounds past 2**53)
+
+
+def test_a_row_group_of_no_columns_spans_no_bytes(tmp_path) -> None:
+    """Arrow writes a table of no columns as one row group of no column chunks: its span is the empty [0, 0)."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({}), path)
+    meta = pq.ParquetFile(path).metadata
+    assert (meta.num_row_groups, meta.row_group(0).num_columns) == (1, 0)
+    assert row_group_spans(str(path), path.stat().st_size, meta).tolist() == [[0, 0]]
 
 
 def test_a_dictionary_page_offset_of_0_is_ignored_as_arrow_ignores_it(make_ds, tmp_path) -> None:
