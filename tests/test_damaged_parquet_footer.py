@@ -8,10 +8,13 @@ And ``RetryingFileSystem.cat_file`` refuses bounds that cross, which a server an
 
 from __future__ import annotations
 
+import io
 import struct
 from pathlib import Path
 
 import fsspec
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -81,7 +84,57 @@ def test_an_undamaged_row_group_spans_its_column_chunks(make_ds) -> None:
     path = _dataset(make_ds) / DATA
     raw = path.read_bytes()
     footer_at = len(raw) - 8 - struct.unpack("<I", raw[-8:-4])[0]
-    assert row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata).tolist() == [[4, footer_at]]
+    spans = row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata)
+    assert spans.dtype == np.int64 and spans.tolist() == [[4, footer_at]]  # (byte offsets: float64 rounds past 2**53)
+
+
+def test_a_row_group_of_no_columns_spans_no_bytes(tmp_path) -> None:
+    """Arrow writes a table of no columns as one row group of no column chunks: its span is the empty [0, 0)."""
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({}), path)
+    meta = pq.ParquetFile(path).metadata
+    assert (meta.num_row_groups, meta.row_group(0).num_columns) == (1, 0)
+    assert row_group_spans(str(path), path.stat().st_size, meta).tolist() == [[0, 0]]
+
+
+def test_a_dictionary_page_offset_of_0_is_ignored_as_arrow_ignores_it(make_ds, tmp_path) -> None:
+    """A writer that puts 0 in a chunk's dictionary_page_offset (there is no page at byte 0: ``PAR1`` is) has Arrow
+    reckon the chunk from its data page (ComputeColumnChunkRange takes an offset above 0 only): so does its span. The
+    first column's offset 0 here: the row group then starts at that column's data page, not at byte 0."""
+    path = tmp_path / "file.parquet"
+    path.write_bytes((_dataset(make_ds) / DATA).read_bytes())
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(FIRST)
+    assert chunk.has_dictionary_page and 0 < chunk.dictionary_page_offset < chunk.data_page_offset
+    raw = path.read_bytes()
+    footer_at = len(raw) - 8 - struct.unpack("<I", raw[-8:-4])[0]
+    end = int(row_group_spans(str(path), len(raw), pq.ParquetFile(path).metadata)[0, 1])
+    # ColumnMetaData fields 9 (data_page_offset) and 11 (dictionary_page_offset), one field apart
+    old = _field(0x26, chunk.data_page_offset) + _field(0x26, chunk.dictionary_page_offset)
+    footer = raw[footer_at:-8]
+    assert footer.count(old) == 1
+    footer = footer.replace(old, _field(0x26, chunk.data_page_offset) + _field(0x26, 0))
+    path.write_bytes(raw[:footer_at] + footer + struct.pack("<I", len(footer)) + b"PAR1")
+    meta = pq.ParquetFile(path).metadata
+    assert meta.row_group(0).column(FIRST).dictionary_page_offset == 0
+    size = path.stat().st_size
+    assert row_group_spans(str(path), size, meta).tolist() == [[chunk.data_page_offset, end]]
+
+
+def test_an_episodes_first_range_is_the_footer_read_arrow_makes_first(make_ds) -> None:
+    """Arrow opens a parquet file by reading its last 64 KiB (footer and metadata): that is the first range prefetch
+    asks for, so a cached file opens without a request (the 121 KB file's footer read starts past its byte 0)."""
+    root = _dataset(make_ds)
+    raw = (root / DATA).read_bytes()
+    reads: list[tuple[int, int]] = []
+
+    class Recorded(io.BytesIO):
+        def read(self, size: int | None = -1) -> bytes:
+            reads.append((self.tell(), size))
+            return super().read(size)
+
+    assert pq.ParquetFile(Recorded(raw)).metadata.num_rows == 600
+    assert reads[0] == (len(raw) - 65536, 65536)
+    assert EpisodeRanges(open_dataset(str(root))).parquet_ranges(0)[0][1:] == (len(raw) - 65536, len(raw))
 
 
 def test_an_episodes_ranges_hold_the_row_group_of_its_last_row(make_ds) -> None:

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from conftest import shared_dataset
 from lerobot_dali.distributed import (
     RankInfo,
     cpus_per_local_rank,
+    draws_progress,
     launch_key,
     local_cuda_device,
     rank_cuda_device,
@@ -121,6 +123,14 @@ def test_accelerate_then_single_process(clean_env) -> None:
     pytest.importorskip("accelerate")  # (imported: the trainer uses it)
     info = resolve_rank()
     assert (info.rank, info.world_size, info.source) == (0, 1, "accelerate")
+
+
+def test_a_trainer_whose_accelerate_does_not_import_is_one_process(clean_env) -> None:
+    """``accelerate`` in sys.modules but not importable (None there: an import that failed, or one blocked on purpose):
+    the one process, as where the trainer does not use it."""
+    clean_env.setitem(sys.modules, "accelerate", None)
+    info = resolve_rank()
+    assert (info.rank, info.world_size, info.local_rank, info.source) == (0, 1, 0, "single process")
 
 
 @pytest.mark.parametrize(
@@ -282,6 +292,21 @@ def test_cpus_are_shared_among_the_ranks_of_a_node(clean_env) -> None:
     assert cpus_per_local_rank() == 5
     clean_env.setenv("LOCAL_WORLD_SIZE", "32")  # more ranks than CPUs: still one each
     assert cpus_per_local_rank() == 1
+
+
+def test_the_cpus_are_those_this_process_may_run_on(clean_env) -> None:
+    """Its own affinity (pid 0: this process), not another process's (pid 1, a container's init, may run anywhere)."""
+    clean_env.setattr("os.sched_getaffinity", lambda pid: set(range(4 if pid == 0 else 64)), raising=False)
+    assert cpus_per_local_rank() == 4
+
+
+def test_only_the_first_rank_of_a_node_draws_progress(clean_env) -> None:
+    """One bar a node: the process of LOCAL_RANK 0, or the one process no launcher started; not the others."""
+    assert draws_progress()
+    clean_env.setenv("LOCAL_RANK", "0")
+    assert draws_progress()
+    clean_env.setenv("LOCAL_RANK", "1")
+    assert not draws_progress()
 
 
 @pytest.mark.parametrize("value", ["two", "", " 2 ", "2.0", "0", "-4"])
@@ -619,6 +644,39 @@ def test_programs_a_python_process_runs_with_torchruns_variables_share_no_key() 
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC_")}
     done = subprocess.run([sys.executable, "-c", kernel], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["None", "None"], done.stdout
+
+
+def test_a_wrapper_named_as_a_launcher_is_none(tmp_path: Path) -> None:
+    """``timeout`` under a launcher's name (``mpirun`` a link to it: named as Open MPI's launcher is) is a wrapper, as
+    a shell script so named is: its rank gets no key, as under any wrapper."""
+    named = tmp_path / "mpirun"
+    named.symlink_to(shutil.which("timeout"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "PMIX_"))}
+    done = subprocess.run([named, "120", sys.executable, "-c", _PRINT_LAUNCH_KEY], env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert done.stdout.split() == ["None"], done.stdout
+
+
+def test_accelerate_launch_runs_a_torchrun_agent(tmp_path: Path) -> None:
+    """``accelerate launch`` (its command line: ``accelerate launch ...``) runs torch's elastic agent, as torchrun
+    does: its ranks' TORCHELASTIC_RUN_ID is the agent's own; ``accelerate`` with another command is none."""
+    from lerobot_dali.distributed import _is_elastic_agent
+
+    (tmp_path / "launch").write_text("import time; time.sleep(60)")
+    (tmp_path / "env").write_text("import time; time.sleep(60)")
+    agents = {}
+    for command in ("launch", "env"):
+        process = subprocess.Popen(["accelerate", command], executable=sys.executable, cwd=tmp_path)
+        try:
+            cmdline, deadline = Path(f"/proc/{process.pid}/cmdline"), time.monotonic() + 60
+            while b"\0" + command.encode() not in cmdline.read_bytes():  # (until Python has exec'd)
+                assert time.monotonic() < deadline and process.poll() is None
+                time.sleep(0.01)
+            agents[command] = _is_elastic_agent(process.pid)
+        finally:
+            process.kill()
+            process.wait()
+    assert agents == {"launch": True, "env": False}
 
 
 def test_a_shell_script_named_as_a_launcher_is_none(tmp_path: Path) -> None:

@@ -789,6 +789,28 @@ def test_footers_past_max_parquet_files_are_dropped_oldest_first(make_ds, monkey
     assert opened == [remote.data_path(pos) for pos in (0, 1, 2, 0)]
 
 
+def test_video_ranges_read_indexes_through_the_store_given(make_ds, tmp_path) -> None:
+    """The prefetcher's packet index store serves EpisodeRanges too: each video an episode's ranges index is kept there
+    (one file a camera), so a worker or a later run reads it from there, not the video's packets from the server."""
+    from lerobot_dali.packet_index_store import PacketIndexStore
+
+    root = _dataset(make_ds, "h264")
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    store = PacketIndexStore(tmp_path / "indexes")
+    spans = EpisodeRanges(remote, index_store=store).video_ranges(0)
+    assert [path for path, _, _ in spans] == [remote.video(0, camera).path for camera in remote.camera_keys]
+    assert len([p for p in store.directory.rglob("*") if p.is_file()]) == len(remote.camera_keys) > 0
+    assert EpisodeRanges(remote).video_ranges(0) == spans
+
+
+def test_episode_ranges_hold_bounded_caches_by_default(make_ds) -> None:
+    """By default at most 64 files' footers, and packet indexes up to 256 or 512 MiB: a prefetcher over a dataset of
+    thousands of files keeps no more (the eviction itself: test_footers_past_max_parquet_files_are_dropped_...)."""
+    remote = open_dataset("fakeremote://", storage_options={"root": str(_dataset(make_ds, "h264"))})
+    ranges = EpisodeRanges(remote)
+    assert (ranges._max_parquet, ranges._indexes.max_entries, ranges._indexes.max_bytes) == (64, 256, 512 * 2**20)
+
+
 # -- the iterator over a fake remote ---------------------------------------------------------------------------
 def test_iterator_prefetches_and_a_warm_second_epoch_makes_no_data_requests(make_ds, tmp_path: Path) -> None:
     from lerobot_dali.iterator import DALILeRobotIterator

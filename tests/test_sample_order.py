@@ -643,6 +643,29 @@ def test_random_access_equals_sequential() -> None:
         order.samples(0, 0, int(LENGTHS.sum()) + 1)
 
 
+def test_batches_asked_in_turn_walk_each_chunk_of_the_pool_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Increasing access (a DALI worker's, batch after batch) walks on from where the last batch left the pool: a batch
+    that starts where the last chunk walked ended continues that walk, where a replay from the checkpoint before it
+    (here the epoch's start) would walk every chunk up to there again, each batch."""
+    from lerobot_dali.sample_order import _PoolSimulator
+
+    options = _options(checkpoint_interval=10**6)  # (one checkpoint, at 0: a replay walks from the epoch's start)
+    starts: list[int] = []
+    chunk = _PoolSimulator._chunk
+    monkeypatch.setattr(
+        _PoolSimulator, "_chunk", lambda self, cursor: starts.append(cursor.emitted) or chunk(self, cursor)
+    )
+    n = int(LENGTHS.sum())
+    whole = SampleOrder(LENGTHS, rank=0, world_size=1, options=options).samples(0, 0, n)
+    once = starts.copy()
+    starts.clear()
+    order = SampleOrder(LENGTHS, rank=0, world_size=1, options=options)
+    one_by_one = [order.samples(0, position, position + 1) for position in range(n)]  # (every chunk's end a start)
+    np.testing.assert_array_equal(np.concatenate([ep for ep, _ in one_by_one]), whole[0])
+    np.testing.assert_array_equal(np.concatenate([fr for _, fr in one_by_one]), whole[1])
+    assert len(once) > 10 and starts == once  # (each chunk drawn once, in turn)
+
+
 def test_pickled_order_gives_the_same_samples() -> None:
     order = SampleOrder(LENGTHS, rank=2, world_size=3, options=_options())
     before = order.samples(0, 20, 80)
@@ -792,6 +815,12 @@ def test_pieces_balance_ranks_that_hold_few_episodes() -> None:
         assert counts.max() - counts.min() <= (lengths.max() if piece_frames is None else piece_frames)
         repeated[piece_frames] = round(float((counts.max() * 32 - counts.sum()) / counts.sum()), 3)
     assert repeated == {None: 0.088, 100: 0.061, 50: 0.016}
+
+
+def test_the_default_pool_is_the_64_episodes_the_docs_and_pipelines_give() -> None:
+    """The README's example and pipelines/train.py's --episode-pool-size default say 64: OrderOptions() (and every
+    loader left at its default) pools as many, so an order they describe is the one the library makes."""
+    assert OrderOptions().episode_pool_size == sample_order_module.DEFAULT_EPISODE_POOL_SIZE == 64
 
 
 def test_option_validation() -> None:

@@ -3,6 +3,8 @@ timestamps through the whole loader: test_iterator, test_image_cameras)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -165,3 +167,35 @@ def test_delta_exactly_at_tolerance_is_accepted_like_lerobot() -> None:
 def test_query_indices_refuses_a_scalar_delta_index() -> None:
     with pytest.raises(ValueError, match="delta_index must be 1-D"):
         query_indices(2, 5, np.int64(1))
+
+
+def test_windows_are_frozen_and_keyword_only() -> None:
+    """Its delta_index is worked out once from fps and delta_timestamps: neither may change after (a new fps would
+    leave the rows of the old one), and a call names each (two numbers given in the wrong order would pass)."""
+    w = _windows({"action": [0.0, 0.1]})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        w.fps = 20  # type: ignore[misc]
+    with pytest.raises(TypeError, match="positional"):
+        DeltaWindows({"action": [0.0, 0.1]}, 10)  # type: ignore[misc]
+
+
+def test_windows_of_one_specification_compare_equal() -> None:
+    """Equal by what they were given (delta_index, arrays worked out from it, is left out: compared, its arrays of
+    several deltas raised ValueError's ambiguous truth value)."""
+    w = _windows({"action": [-0.1, 0.0, 0.1]}, camera_keys=["cam"])
+    assert w == _windows({"action": [-0.1, 0.0, 0.1]}, camera_keys=["cam"])
+    assert w != _windows({"action": [-0.1, 0.0, 0.2]}, camera_keys=["cam"])
+
+
+def test_query_indices_of_unsigned_frames_or_deltas_are_int64_rows() -> None:
+    """Rows index arrays: uint64 frames (or deltas) with int64 ones add up to float64 in numpy, which no array takes
+    as an index; each is taken as int64 first."""
+    for frame, delta in [(np.array([0, 3], np.uint64), [-1, 0, 2]), (np.array([0, 3]), np.array([0, 1, 2], np.uint64))]:
+        rows, pad = query_indices(frame, np.array([4, 4], np.uint64), delta)
+        assert rows.dtype == np.int64
+        unsigned = isinstance(delta, np.ndarray)
+        np.testing.assert_array_equal(rows, [[0, 1, 2], [3, 3, 3]] if unsigned else [[0, 0, 2], [2, 3, 3]])
+        pads = (
+            [[False, False, False], [False, True, True]] if unsigned else [[True, False, False], [False, False, True]]
+        )
+        np.testing.assert_array_equal(pad, pads)
