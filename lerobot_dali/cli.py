@@ -17,7 +17,6 @@ import select
 import signal
 import sys
 import threading
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -385,14 +384,8 @@ def _list_missing_cameras(
     """``missing`` (:func:`_open_to_check`'s) added to ``report``'s problems, each of the first episode."""
     from .dataset_check import Problem
 
-    if not missing:
-        return
     first = int(reader.episodes.episode_index[0])
-    found = [Problem(report.source, first, e.camera, type(e).__name__, str(e)) for e in missing]
-    report.problems = sorted([*found, *report.problems], key=lambda p: (p.dataset, p.episode_index, p.camera or ""))
-    kinds = Counter(report.problem_kinds)
-    kinds.update(f"{p.error} in {p.camera}" for p in found)
-    report.problem_kinds = dict(kinds.most_common())
+    report.add_problems([Problem(report.source, first, e.camera, type(e).__name__, str(e)) for e in missing])
 
 
 def _print_problems(report: CheckReport, show: int) -> None:

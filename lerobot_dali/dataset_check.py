@@ -116,6 +116,24 @@ class CheckReport:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok, "problem_count": self.problem_count}
 
+    def add_problems(self, problems: Sequence[Problem]) -> None:
+        """``problems`` found besides the episodes' check (a camera with no files, at the open) listed and counted
+        as its own are."""
+        kinds = Counter(self.problem_kinds)
+        kinds.update(map(_kind, problems))
+        self.problem_kinds = dict(kinds.most_common())
+        self.problems = sorted([*self.problems, *problems], key=_listed_order)
+
+
+def _kind(problem: Problem) -> str:
+    """What :attr:`CheckReport.problem_kinds` counts ``problem`` as."""
+    return f"{problem.error} in {problem.camera or 'rows'}"
+
+
+def _listed_order(problem: Problem) -> tuple[str, int, str]:
+    """Where ``problem`` is listed: by dataset, episode, then camera (the rows' first)."""
+    return problem.dataset, problem.episode_index, problem.camera or ""
+
 
 @dataclass
 class _Decodes:
@@ -442,7 +460,7 @@ def check_dataset(
             report.frames_decoded += tally.frames_decoded
             report.frames_verified_before += tally.decodes.frames_verified_before
             report.problems.extend(tally.problems[: max(0, max_problems - len(report.problems))])
-            kinds.update(f"{p.error} in {p.camera or 'rows'}" for p in tally.problems)
+            kinds.update(map(_kind, tally.problems))
             files |= tally.video_files
             decoded_files |= tally.decodes.files_decoded
             skipped_files |= tally.decodes.files_verified_before
@@ -457,7 +475,7 @@ def check_dataset(
     report.video_files = len(files)
     report.video_files_verified_before = len(skipped_files - decoded_files)
     report.problem_kinds = dict(kinds.most_common())
-    report.problems.sort(key=lambda p: (p.dataset, p.episode_index, p.camera or ""))
+    report.problems.sort(key=_listed_order)
     report.seconds = time.perf_counter() - started
     logger.info(
         "checked %d episodes (%d rows, %d video files) of %s in %.1f s: %d problem(s)",
