@@ -2580,11 +2580,11 @@ def test_a_check_lists_a_video_replaced_by_one_of_its_size_as_changed_not_corrup
     decode_video = dataset_check._EpisodeChecker._decode_video
     swapped: list[str] = []
 
-    def replaced_first(self, pos, video, index, frames, done):  # type: ignore[no-untyped-def]
+    def replaced_first(self, pos, video, index, frames, done, **options):  # type: ignore[no-untyped-def]
         if video.path.endswith(target.relative_to(tmp_path).as_posix()) and not swapped:
             swapped.append(video.path)
             _rewrite_same_size(target)
-        return decode_video(self, pos, video, index, frames, done)
+        return decode_video(self, pos, video, index, frames, done, **options)
 
     monkeypatch.setattr(dataset_check._EpisodeChecker, "_decode_video", replaced_first)
     with serve_folder(tmp_path) as server:
