@@ -153,6 +153,28 @@ def test_packets_are_read_one_block_per_segment() -> None:
         clips.packets_read_at(lambda offset, length: data[offset : offset + length][:20], index, plan)
 
 
+def test_an_mp4s_payloads_are_read_at_their_offsets_not_demuxed() -> None:
+    """A byte-exact index's (an MP4's) payloads are cut from the file at its offsets: the file is read, not opened
+    as a container (these 90 bytes are no MP4: a demuxer refuses them)."""
+    data = bytes(range(90))
+    plan = plan_clip(CLOSED, [6, 1])
+    payloads = read_packet_payloads(io.BytesIO(data), CLOSED, plan)
+    assert payloads == [data[o : o + 10] for o in (0, 10, 20, 50, 60, 70)]
+
+
+def test_a_clip_is_frozen() -> None:
+    """A clip is shared by the samples that ask for its frames (and a plan by the clips built from it): neither
+    changes once made."""
+    plan = plan_clip(CLOSED, [1])
+    clip = clips.Clip(
+        data=np.zeros(4, np.uint8), relative_indices=plan.relative_indices, frame_count=3, payload_bytes=30
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        clip.frame_count = 4  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.segments = ()  # type: ignore[misc]
+
+
 def test_plan_handles_open_gop_leading_pictures() -> None:
     leading = plan_clip(OPEN, [4])  # displays before its keyframe: needs the previous GOP
     assert leading.segments == ((0, 6),)
@@ -311,6 +333,9 @@ def test_open_templates_are_reused_per_file_and_bounded(marker_video: MarkerVide
     for path, index, data in zip(paths, indexes, reused, strict=True):
         np.testing.assert_array_equal(data, build_clip(path, index, [0, 40]).data)
         templates.clear()
+    monkeypatch.setattr(clips, "TEMPLATE_CACHE_SIZE", 0)  # (a bound below one still keeps the template just opened)
+    template = clips.template_container(indexes[0])
+    assert clips.template_container(indexes[0]) is template and len(templates) == 1
 
 
 def test_clip_from_fsspec_and_file_object(marker_video: MarkerVideo) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from lerobot_dali import frame_lookup
 from lerobot_dali.dataset_reader import VideoRef, open_dataset
-from lerobot_dali.errors import DataFileError, FrameTimestampError
+from lerobot_dali.errors import DataFileError, FrameRequestError, FrameTimestampError
 from lerobot_dali.frame_lookup import (
     ITERATORS_LOOKUP,
     FrameLookup,
@@ -172,6 +172,20 @@ def test_a_video_whose_frames_reach_the_episodes_end_keeps_the_re_encode_advice(
         assert "fewer frames than the episode has rows" in message
 
 
+def test_a_video_is_judged_cut_short_only_past_half_a_frame_and_told_how_many_frames_it_lacks() -> None:
+    # 2 fps, frames at 0, 0.5, 1 and 1.5 s (binary-exact), ending at 2 s: an episode stated to end at 2.25 s, exactly
+    # half a frame later, holds no frame more (not cut short); at 2.5 s it lacks about 1 frame, at 3 s about 2.
+    index = _constant_rate_index(4, 2)
+    assert index.frame_interval_s == 0.5
+    for stated_s, missing in ((2.25, None), (2.5, "about 1 frame missing"), (3.0, "about 2 frames missing")):
+        context = FrameRequestContext(camera="c", episode_end_s=stated_s)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, [0.0, 2.0], tolerance_s=1e-4, context=context)
+        message = str(info.value)
+        assert ("most likely truncated" in message) is (missing is not None), (stated_s, message)
+        assert missing is None or f"end at {stated_s:.6f} s in meta/episodes ({missing})" in message
+
+
 def _constant_rate_index(frame_count: int, fps: int) -> PacketIndex:
     """A synthetic index of ``frame_count`` frames at ``fps``, in display order (time base ``1 / (512 * fps)``, as
     FFmpeg's MP4 muxer writes)."""
@@ -304,6 +318,17 @@ def _video_at(path: Path, rate: Fraction, frames: int, dropped: tuple[int, ...] 
     return path
 
 
+def test_a_row_off_halfway_by_exactly_the_tolerance_is_told_it_lies_halfway() -> None:
+    # 1 fps rows over 4 fps video (frames 0.25 s apart, binary-exact), tolerance_s 1/32 s: a row 0.09375 s after a
+    # frame lies exactly tolerance_s from halfway (0.125 s) and is told so; one 0.09 s after it, farther, is not.
+    index = _constant_rate_index(8, 4)
+    context = FrameRequestContext(camera="c", rows_fps=1.0)
+    for query_s, halfway in ((0.09375, True), (0.09, False)):
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, [0.0, query_s], tolerance_s=1 / 32, context=context)
+        assert ("The row lies halfway between two video frames" in str(info.value)) is halfway, str(info.value)
+
+
 @pytest.mark.parametrize(
     ("video_fps", "rows_fps", "named"),
     [
@@ -367,6 +392,45 @@ def test_a_dropped_frame_under_a_time_base_of_one_frame_is_not_told_of_a_rate() 
         nearest_frame_indices(index, np.arange(199) / 25, tolerance_s=1e-4, context=context)
     assert "query timestamp 4.000000 s" in str(info.value)
     assert "runs at" not in str(info.value) and "info.json's fps" not in str(info.value), str(info.value)
+
+
+def test_frames_evenly_spaced_to_within_two_ticks_are_told_of_their_rate_and_no_others() -> None:
+    # 100 frames 40 ms apart on a millisecond clock (25 fps), rows at 24 fps, one interval 2 ms short: within two ticks
+    # of rounding, the stream runs at 25.01 fps, 1.69 ms a frame off the rows, and is told so; 3 ms short, its frames
+    # are not evenly spaced (a frame dropped or moved: no one rate), and no rate is named.
+    for short_ms, rate in ((2, True), (3, False)):
+        pts = np.arange(100, dtype=np.int64) * 40
+        pts[50:] -= short_ms
+        index = PacketIndex(
+            source_name="ms.mkv", codec="h264", width=8, height=8, pix_fmt="yuv420p", time_base=Fraction(1, 1000),
+            pts=pts, dts=pts, byte_offset=np.arange(100, dtype=np.int64) * 10, size_bytes=np.full(100, 10, np.int64),
+            keyframe=np.ones(100, dtype=bool), file_size_bytes=1000, byte_exact=True, template=b"",
+        )  # fmt: skip
+        context = FrameRequestContext(camera="c", rows_fps=24.0)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, np.arange(100) / 24, tolerance_s=1e-4, context=context)
+        assert ("The video's stream runs at" in str(info.value)) is rate, str(info.value)
+        # (1 / 25.0126 - 1 / 24 s a frame: 99 frames over 3.958 s)
+        assert ("runs at 25.01 fps" in str(info.value) and "by 1.69 ms a frame" in str(info.value)) is rate
+
+
+def test_frames_whose_intervals_differ_by_half_a_frame_are_told_of_no_rate() -> None:
+    # 100 frames 4 ticks apart (time base 1/128 s: 32 fps, binary-exact), rows at 30 fps, one interval 1 tick short:
+    # told the stream's rate; 2 ticks short, as much as half a frame (within two ticks, as coarse as this time base
+    # is), the frames are not evenly spaced, and no rate is named.
+    for short_ticks, rate in ((1, True), (2, False)):
+        pts = np.arange(100, dtype=np.int64) * 4
+        pts[50:] -= short_ticks
+        index = PacketIndex(
+            source_name="c.mkv", codec="h264", width=8, height=8, pix_fmt="yuv420p", time_base=Fraction(1, 128),
+            pts=pts, dts=pts, byte_offset=np.arange(100, dtype=np.int64) * 10, size_bytes=np.full(100, 10, np.int64),
+            keyframe=np.ones(100, dtype=bool), file_size_bytes=1000, byte_exact=True, template=b"",
+        )  # fmt: skip
+        context = FrameRequestContext(camera="c", rows_fps=30.0)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, np.arange(100) / 30, tolerance_s=1e-4, context=context)
+        assert ("The video's stream runs at" in str(info.value)) is rate, str(info.value)
+        assert ("runs at 32.08 fps" in str(info.value)) is rate
 
 
 def _retimed(video: Path, rate: Fraction, fps: int) -> None:
@@ -450,11 +514,78 @@ def test_a_files_lookup_refuses_rows_off_their_frame_or_in_the_next_episode() ->
         lookup([(0, rows, np.array([0, 3]), video)])
 
 
+def test_a_row_whose_frame_is_in_the_episode_before_is_told_so() -> None:
+    # Frames at 0, 0.1, ..., 0.9 s; the episode holds frames 3 to 6 ([0.32, 0.72) of the file): a row at 0.2 s reads
+    # frame 2, the episode before's, and is told so (not that its rows run past the video, the next episode's cause).
+    index = _constant_rate_index(10, 10)
+    with pytest.raises(FrameTimestampError, match=r"frame 2 .*1 of 2 queries\): .*the one before it in the"):
+        nearest_frame_indices(index, [0.3, 0.2], tolerance_s=1e-4, episode_span_s=(0.32, 0.72))
+
+
+def test_a_negative_frame_index_is_named_by_the_rows_looked_up() -> None:
+    # A frame_index column holding -1 and -3: rows asking for frame -1 are told of -1 (the least of theirs, not -3,
+    # the column's); rows of none are told of the column's least.
+    reader, video = _one_episode_reader(4, 10.0), VideoRef("long.mp4", 0.0, None)
+    reader.data_path = lambda pos: "data/file-000.parquet"
+    rows = {"timestamp": np.zeros(4, np.float32), "frame_index": np.array([0, -1, 2, -3])}
+    lookup = partial(
+        row_frame_numbers, reader, 0, "c", rows, index=_constant_rate_index(4, 10), video=video,
+        timestamp_source=TimestampSource.FRAME_INDEX, tolerance_s=1e-4,
+    )  # fmt: skip
+    with pytest.raises(DataFileError, match=r"'frame_index' of data/file-000\.parquet holds -1, a negative frame"):
+        lookup(row_indices=np.array([0, 1]))
+    with pytest.raises(DataFileError, match=r"'frame_index' of data/file-000\.parquet holds -3, a negative frame"):
+        lookup(row_indices=np.array([0, 2]))
+
+
+def test_a_one_frame_video_reads_its_frame() -> None:
+    # One frame, at 0 s: a row at it or within tolerance_s after it reads frame 0 (its only neighbour is itself).
+    index = _constant_rate_index(1, 10)
+    np.testing.assert_array_equal(nearest_frame_indices(index, [0.0], tolerance_s=1e-4), [0])
+    np.testing.assert_array_equal(nearest_frame_indices(index, [0.04], tolerance_s=0.05), [0])
+
+
+def test_a_row_off_by_less_than_a_coarse_time_bases_rounding_is_not_told_to_raise_tolerance_to_it() -> None:
+    # A 10 fps video whose time base is one frame (1/10 s, as an AVI's): a row 30 ms off its frame lies within half a
+    # tick of it, but half a tick is half a frame, so no rounding explains it (a tolerance_s of 0.05 s would read a
+    # neighbouring frame for some rows): it gets the wall-clock advice, not "whole multiples of the time base".
+    pts = np.arange(10, dtype=np.int64)
+    index = PacketIndex(
+        source_name="coarse.avi", codec="mjpeg", width=8, height=8, pix_fmt="yuvj420p", time_base=Fraction(1, 10),
+        pts=pts, dts=pts, byte_offset=pts * 10, size_bytes=np.full(10, 10, dtype=np.int64),
+        keyframe=np.ones(10, dtype=bool), file_size_bytes=100, byte_exact=True, template=b"",
+    )  # fmt: skip
+    with pytest.raises(FrameTimestampError, match=r"nearest frame 1 at 0\.100000 s, off by 0\.030000 s") as info:
+        nearest_frame_indices(index, [0.0, 0.13], tolerance_s=1e-4)
+    assert "If the dataset's parquet timestamps are wall-clock time" in str(info.value)
+    assert "whole multiples" not in str(info.value)
+
+
+def test_a_files_lookup_refuses_an_episode_of_no_rows_as_its_own_lookup_does() -> None:
+    # Two episodes' rows of one file looked up together, the second's none: it is refused as looked up alone (no
+    # empty frame list for it).
+    index, reader = _constant_rate_index(10, 10), _one_episode_reader(10, 10.0)
+    video, rows = VideoRef("long.mp4", 0.0, None), {"timestamp": np.arange(10) / 10}
+    lookup = partial(
+        file_frame_numbers, reader, "c", index, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4
+    )
+    assert [found.tolist() for found in lookup([(0, rows, np.array([1, 2]), video)])] == [[1, 2]]
+    with pytest.raises(FrameRequestError, match=r"episode 0, camera c \(long\.mp4\): the request holds no timestamps"):
+        lookup([(0, rows, np.array([1, 2]), video), (0, rows, np.array([], dtype=np.int64), video)])
+
+
 def test_a_datasets_own_lookup_overrides_the_iterators() -> None:
     parquet, by_index = TimestampSource.PARQUET_TIMESTAMP, TimestampSource.FRAME_INDEX
     assert ITERATORS_LOOKUP.over(parquet, 1e-4) == (parquet, 1e-4)
     assert FrameLookup(tolerance_s=0.02).over(parquet, 1e-4) == (parquet, 0.02)
     assert FrameLookup(timestamp_source="frame_index").over(parquet, 1e-4) == (by_index, 1e-4)
+
+
+def test_a_lookup_is_named_by_its_own_settings() -> None:
+    # (as the union's log line names a dataset's lookup: "rows find their frames with ...")
+    assert str(ITERATORS_LOOKUP) == "the iterator's"
+    assert str(FrameLookup(tolerance_s=0.02)) == "tolerance_s=0.02"
+    assert str(FrameLookup("frame_index", 0.02)) == "timestamp_source=frame_index, tolerance_s=0.02"
 
 
 def test_a_stored_times_rounding_is_half_a_float32_step() -> None:

@@ -154,3 +154,40 @@ def test_a_keyframe_shown_as_an_inter_picture_is_refused(marker_video: MarkerVid
     for rank, pts in zip((1, 2), sorted(reference), strict=True):
         np.testing.assert_array_equal(found[rank], reference[pts])
     decoder.close()
+
+
+def test_a_wanted_frame_that_never_comes_out_is_refused(marker_video: MarkerVideo) -> None:
+    """An AV1 clip whose last packet (frame 29's) holds a temporal delimiter alone: the decoder takes it without error
+    and shows no frame for it, so frame 29 of the two asked for never comes out; the request is refused, not answered
+    with frame 28 alone."""
+    path = marker_video("av1", 30)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [28, 29])
+    payloads = read_packet_payloads(path, index, plan)
+    payloads[-1] = b"\x12\x00"  # (an OBU_TEMPORAL_DELIMITER of no payload)
+    decoder = PacketDecoder(index, threads=1)
+    with pytest.raises(VideoDecodeError, match="1 of 2 requested frames did not come out of the decoder"):
+        decoder.frames_at(index, plan, payloads, lambda frame: int(frame.pts))
+    decoder.close()
+
+
+@pytest.mark.parametrize("position", [0, -1])
+def test_a_packet_the_decoder_refuses_in_a_flagged_keyframes_run_is_a_decoding_failure(
+    marker_video: MarkerVideo, position: int
+) -> None:
+    """An H.264 clip whose keyframe or last packet is an access unit delimiter alone, which FFmpeg refuses (invalid
+    data): the clip starts at a keyframe flagged as one, so it is a damaged file's decoding failure, not a file cut
+    mid-GOP (whose first packet is no keyframe)."""
+    path = marker_video("h264", 30)
+    index = build_packet_index(path)
+    plan = plan_clip(index, [28, 29])
+    payloads = read_packet_payloads(path, index, plan)
+    payloads[position] = (
+        b"\x00\x00\x00\x02\x09\xf0"  # (a 2-byte NAL unit of type 9, as the stream's 4-byte lengths give it)
+    )
+    decoder = PacketDecoder(index, threads=1)
+    with pytest.raises(
+        VideoDecodeError, match=r"h264_g30\.mp4: decoding failed \(.*; 30 packets\); the file is corrupt"
+    ):
+        decoder.frames_at(index, plan, payloads, lambda frame: int(frame.pts))
+    decoder.close()
