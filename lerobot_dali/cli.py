@@ -21,7 +21,14 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bench_types import LOADERS
-from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
+from .cli_options import (
+    ArgumentParser,
+    add_episode_pool_size,
+    add_image_size,
+    add_timestamp_source,
+    add_tolerance_s,
+    parse_size,
+)
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -687,10 +694,7 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--cameras", nargs="+", metavar="KEY", help="only these camera keys")
     info.add_argument("--json", action="store_true", help="print JSON")
     info.add_argument("--no-probe", action="store_true", help="do not open video files")
-    info.add_argument(
-        "--tolerance-s", type=float, default=DEFAULT_TOLERANCE_S,
-        help=f"max |frame pts - row time| the first episode's lookup allows (default {DEFAULT_TOLERANCE_S:g})",
-    )  # fmt: skip
+    add_tolerance_s(info, per=None, lead="in the first episode's lookup: ")
     info.set_defaults(run=_info)
 
     check = verbs.add_parser(
@@ -708,16 +712,8 @@ def _parser() -> argparse.ArgumentParser:
         "--episodes", nargs="+", type=int, metavar="INDEX",
         help="check only these episode indices (episode_index values, e.g. 0 5 7; not a count)",
     )  # fmt: skip
-    check.add_argument(
-        "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
-        default=[TimestampSource.PARQUET_TIMESTAMP.value], metavar="SOURCE",
-        help="how rows find their frames, as the run will, SOURCE one of %(choices)s (default parquet_timestamp): "
-        "one for every dataset, or one per dataset",
-    )  # fmt: skip
-    check.add_argument(
-        "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
-        help=f"max |frame pts - row time|, as the run will (default {DEFAULT_TOLERANCE_S:g}): one, or one per dataset",
-    )  # fmt: skip
+    add_timestamp_source(check, per="DATASET")
+    add_tolerance_s(check, per="DATASET")
     check.add_argument(
         "--decode", action="store_true",
         help="also decode every frame and image the rows read (but those of local files an earlier check decoded "
@@ -754,15 +750,8 @@ def _parser() -> argparse.ArgumentParser:
         "--cameras", nargs="+", metavar="KEY",
         help="with DATASET: only these camera keys (give DATASET first: --cameras takes every word after it)",
     )  # fmt: skip
-    diagnose.add_argument(
-        "--timestamp-source", type=str.lower, choices=[s.value for s in TimestampSource], metavar="SOURCE",
-        help="with DATASET: how rows find their frames, as the iterator will, SOURCE one of %(choices)s (default "
-        "parquet_timestamp)",
-    )  # fmt: skip
-    diagnose.add_argument(
-        "--tolerance-s", type=float,
-        help=f"with DATASET: max |frame pts - row time|, as the iterator will (default {DEFAULT_TOLERANCE_S:g})",
-    )  # fmt: skip
+    add_timestamp_source(diagnose, per=None, default=False, lead="with DATASET: ")
+    add_tolerance_s(diagnose, per=None, default=False, lead="with DATASET: ")
     diagnose.set_defaults(run=_diagnose)
 
     make = verbs.add_parser("make-dataset", help="write a synthetic LeRobot dataset with real encoded videos")
@@ -839,16 +828,8 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument("--cameras", nargs="+", metavar="KEY", help="with --dataset: read only these cameras")
     bench.add_argument("--keys", nargs="+", metavar="KEY", help="with --dataset: read only these tabular features")
-    bench.add_argument(
-        "--timestamp-source", nargs="+", type=str.lower, choices=[s.value for s in TimestampSource],
-        default=[TimestampSource.PARQUET_TIMESTAMP.value], metavar="SOURCE",
-        help="how rows find their frames, SOURCE one of %(choices)s (default parquet_timestamp): frame_index / fps "
-        "for wall-clock parquet timestamps; one for every dataset, or one per --dataset",
-    )  # fmt: skip
-    bench.add_argument(
-        "--tolerance-s", nargs="+", type=float, default=[DEFAULT_TOLERANCE_S],
-        help=f"max |frame pts - row time| (default {DEFAULT_TOLERANCE_S:g}); one, or one per --dataset",
-    )  # fmt: skip
+    add_timestamp_source(bench, per="--dataset")
+    add_tolerance_s(bench, per="--dataset")
     bench.add_argument(
         "--mode", type=str.lower, choices=["single", "sarm"], default="single",
         help="single: 1 frame per camera; sarm: 8 frames per camera 1 s apart, -7..0 s (default single)",

@@ -2,7 +2,8 @@
 defined once here so that each takes the others' spelling too (README, "Command line"):
 
 - ``--image-size 224x224`` (the bench's, and ``make-dataset --size``'s) or ``--image-size 224 224`` (train.py's);
-- ``--episode-pool-size N`` (train.py's, lerobot_policy.py's) or ``--pool-size N`` (the bench's).
+- ``--episode-pool-size N`` (train.py's, lerobot_policy.py's) or ``--pool-size N`` (the bench's);
+- ``--timestamp-source SOURCE`` and ``--tolerance-s S`` (every verb that reads frames), worded alike everywhere.
 
 Their parsers are :class:`ArgumentParser`, which takes a value that starts as a negative number does as a value.
 """
@@ -15,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .value_checks import is_int
 
 __all__ = [
@@ -23,6 +25,8 @@ __all__ = [
     "HelpFormatter",
     "add_episode_pool_size",
     "add_image_size",
+    "add_timestamp_source",
+    "add_tolerance_s",
     "check_image_size",
     "parse_size",
 ]
@@ -129,3 +133,39 @@ def add_episode_pool_size(parser: argparse.ArgumentParser | Any, *, default: int
     """``--episode-pool-size N``, also spelled ``--pool-size N``, into ``episode_pool_size`` (the name messages give
     it, as ``--help`` and the usage line do)."""
     parser.add_argument("--episode-pool-size", "--pool-size", type=int, default=default, metavar="N", help=help)
+
+
+def add_timestamp_source(
+    parser: argparse.ArgumentParser | Any, *, per: str | None, default: bool = True, lead: str = ""
+) -> None:
+    """``--timestamp-source SOURCE``: how rows find their frames (``cr5_*``'s wall-clock parquet timestamps need
+    ``frame_index``). ``per`` (``"--dataset"``): a list, one for every dataset or one per ``per``; None: one value.
+    ``default=False`` leaves it None where not given, for a verb that refuses it without a dataset (diagnose).
+    ``lead`` starts the help (``"with DATASET: "``). SOURCE is its metavar, for the usage to fit 80 columns (its
+    choices ran it to 116); argparse still checks the choices, which the help names."""
+    value = TimestampSource.PARQUET_TIMESTAMP.value
+    parser.add_argument(
+        "--timestamp-source", nargs="+" if per else None, type=str.lower, choices=[s.value for s in TimestampSource],
+        default=(None if not default else [value] if per else value), metavar="SOURCE",
+        help=f"{lead}how rows find their video frames, SOURCE one of %(choices)s (default {value}; frame_index: "
+        f"frame_index / fps, for wall-clock parquet timestamps){_each(per)}",
+    )  # fmt: skip
+
+
+def add_tolerance_s(
+    parser: argparse.ArgumentParser | Any, *, per: str | None, default: bool = True, lead: str = ""
+) -> None:
+    """``--tolerance-s S``: the most a row's time may be from its video frame's (``r1_v30_h264``'s rows between
+    frames need half a frame). ``per``, ``default`` and ``lead`` as :func:`add_timestamp_source`'s."""
+    parser.add_argument(
+        "--tolerance-s", nargs="+" if per else None, type=float, metavar="S",
+        default=(None if not default else [DEFAULT_TOLERANCE_S] if per else DEFAULT_TOLERANCE_S),
+        help=f"{lead}the most a row's time may be from its video frame's pts, in seconds (default "
+        f"{DEFAULT_TOLERANCE_S:g}){_each(per)}",
+    )  # fmt: skip
+
+
+def _each(per: str | None) -> str:
+    """The help's tail of an option given once for every dataset or once per dataset (``per`` names how datasets
+    are given: ``DATASET``, ``--dataset``)."""
+    return f"; one for every dataset, or one per {per}" if per else ""

@@ -67,7 +67,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
+from lerobot_dali.cli_options import (
+    ArgumentParser,
+    add_episode_pool_size,
+    add_image_size,
+    add_timestamp_source,
+    add_tolerance_s,
+    check_image_size,
+)
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import StatsError
 from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
@@ -378,20 +385,11 @@ def add_reading_options(p: argparse.ArgumentParser, *, several: bool) -> None:
     their frames (``cr5_*``'s wall-clock timestamps need ``--timestamp-source frame_index``, ``gr00t_v20_h264``'s
     camera without files ``--cameras``). ``several``: one value, or one per ``--dataset`` (lists); else one (scalars).
     Shared by this script and ``pipelines/lerobot_policy.py``."""
-    each = dict(nargs="+", default=["parquet_timestamp"]) if several else dict(default="parquet_timestamp")
-    per = ": one value, or one per --dataset" if several else ""
     p.add_argument(
         "--cameras", nargs="+", metavar="KEY", help="read only these cameras (default: all that info.json declares)"
     )
-    p.add_argument(
-        "--timestamp-source", type=str.lower, choices=("parquet_timestamp", "frame_index"), metavar="SOURCE", **each,
-        help="how rows find their video frames, SOURCE one of %(choices)s (default parquet_timestamp; frame_index: "
-        f"frame_index / fps, for wall-clock timestamps){per}",
-    )  # fmt: skip
-    p.add_argument(
-        "--tolerance-s", type=float, nargs="+" if several else None,
-        help=f"most a row's time may be from its video frame (default: the iterator's){per}",
-    )  # fmt: skip
+    add_timestamp_source(p, per="--dataset" if several else None)
+    add_tolerance_s(p, per="--dataset" if several else None, default=False)  # (None: the iterator's default)
 
 
 def _json_map(text: str) -> dict[str, str]:

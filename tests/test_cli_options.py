@@ -261,7 +261,8 @@ def test_help_never_breaks_a_flag_across_lines(helps, capsys: pytest.CaptureFixt
 
 def test_timestamp_source_named_source_in_help_still_refuses_what_its_choices_lack(capsys, monkeypatch) -> None:
     """Its metavar SOURCE (for the usage to fit 80 columns) leaves argparse's check of its choices, named in its
-    help."""
+    help. Every verb and script words it and ``--tolerance-s`` alike (four definitions each said it its own way:
+    "max |frame pts - row time|", "most a row's time may be from its video frame")."""
     for argv in (["check", "d"], [*BENCH], ["diagnose", "d"]):
         with pytest.raises(SystemExit):
             _parser().parse_args([*argv, "--timestamp-source", "pts"])
@@ -270,8 +271,22 @@ def test_timestamp_source_named_source_in_help_still_refuses_what_its_choices_la
         parse_args([*TRAIN, "--timestamp-source", "pts"])
     assert "--timestamp-source: invalid choice: 'pts'" in capsys.readouterr().err
     monkeypatch.setenv("COLUMNS", "80")
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["check", "--help"])
-    said = " ".join(capsys.readouterr().out.split())
-    assert "--timestamp-source SOURCE [SOURCE ...] how rows find their frames, as the run will, SOURCE one of " in said
-    assert "SOURCE one of parquet_timestamp, frame_index (default parquet_timestamp)" in said
+    how = (
+        "how rows find their video frames, SOURCE one of parquet_timestamp, frame_index (default parquet_timestamp; "
+        "frame_index: frame_index / fps, for wall-clock parquet timestamps)"
+    )
+    tolerance = "the most a row's time may be from its video frame's pts, in seconds (default 0.0001)"
+    several = "; one for every dataset, or one per "
+    helps = {
+        "check": (lambda: _parser().parse_args(["check", "--help"]), " [SOURCE ...] ", f"{several}DATASET"),
+        "bench": (lambda: _parser().parse_args(["bench", "--help"]), " [SOURCE ...] ", f"{several}--dataset"),
+        "diagnose": (lambda: _parser().parse_args(["diagnose", "--help"]), " with DATASET: ", ""),
+        "train.py": (lambda: parse_args(["--help"]), " [SOURCE ...] ", f"{several}--dataset"),
+        "lerobot_policy.py": (lambda: lerobot_policy.parse_args(["--help"]), " ", ""),
+    }  # fmt: skip
+    for name, (helps_of, before, each) in helps.items():
+        with pytest.raises(SystemExit):
+            helps_of()
+        said = " ".join(capsys.readouterr().out.split())
+        assert f"--timestamp-source SOURCE{before}{how}{each}" in said, name
+        assert f"{tolerance}{each}" in said, name
