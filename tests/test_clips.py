@@ -618,18 +618,22 @@ def test_open_gop_matroska_clips_and_cpu_decode(tmp_path: Path) -> None:
     _check_cpu_decodes(mkv, index, windows[::3])
 
 
+@pytest.mark.parametrize("gop", [30, 1])
 @pytest.mark.parametrize("matroska", [False, True])
 def test_a_seek_past_the_keyframe_demuxes_from_the_first_packet(
-    marker_video: MarkerVideo, tmp_path: Path, matroska: bool
+    marker_video: MarkerVideo, tmp_path: Path, matroska: bool, gop: int
 ) -> None:
     """Where a seek lands past the keyframe asked for (which keyframe a seek reaches is the demuxer's choice), the
     packets are demuxed again from the file's first packet and those before the keyframe skipped: each GOP's packets
-    all the same, in decode order. Here the first seek of each request lands on the file's last keyframe."""
-    source = marker_video("h264", 30)  # (B-frames: decode order is not display order)
+    all the same, in decode order. Here the first seek of each request lands on the file's last keyframe. The second
+    seeks to the file's first decode time, which lands on its first packet: a later time (the second packet's) lands
+    alike in a GOP of 30, but on that packet where it is a keyframe too (a GOP of 1), past keyframe 0, and a request
+    from frame 0 was refused as a file that differs from its index."""
+    source = marker_video("h264", gop)  # (GOP 30: B-frames, decode order is not display order)
     path = remux(source, tmp_path / "h264.mkv", "matroska") if matroska else source
     index = build_packet_index(path)
     keys = index.keyframe_positions.tolist()
-    assert len(keys) == 3
+    assert len(keys) == index.frame_count // gop == 90 // gop
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         for start, stop in itertools.pairwise(keys):
