@@ -618,18 +618,22 @@ def test_open_gop_matroska_clips_and_cpu_decode(tmp_path: Path) -> None:
     _check_cpu_decodes(mkv, index, windows[::3])
 
 
+@pytest.mark.parametrize("gop", [30, 1])
 @pytest.mark.parametrize("matroska", [False, True])
 def test_a_seek_past_the_keyframe_demuxes_from_the_first_packet(
-    marker_video: MarkerVideo, tmp_path: Path, matroska: bool
+    marker_video: MarkerVideo, tmp_path: Path, matroska: bool, gop: int
 ) -> None:
     """Where a seek lands past the keyframe asked for (which keyframe a seek reaches is the demuxer's choice), the
     packets are demuxed again from the file's first packet and those before the keyframe skipped: each GOP's packets
-    all the same, in decode order. Here the first seek of each request lands on the file's last keyframe."""
-    source = marker_video("h264", 30)  # (B-frames: decode order is not display order)
+    all the same, in decode order. Here the first seek of each request lands on the file's last keyframe. The second
+    seeks to the file's first decode time, which lands on its first packet: a later time (the second packet's) lands
+    alike in a GOP of 30, but on that packet where it is a keyframe too (a GOP of 1), past keyframe 0, and a request
+    from frame 0 was refused as a file that differs from its index."""
+    source = marker_video("h264", gop)  # (GOP 30: B-frames, decode order is not display order)
     path = remux(source, tmp_path / "h264.mkv", "matroska") if matroska else source
     index = build_packet_index(path)
     keys = index.keyframe_positions.tolist()
-    assert len(keys) == 3
+    assert len(keys) == index.frame_count // gop == 90 // gop
     with av.open(str(path)) as container:
         stream = container.streams.video[0]
         for start, stop in itertools.pairwise(keys):
@@ -735,25 +739,67 @@ def test_a_clip_from_a_keyframe_that_is_no_idr_carries_the_parameter_sets(
     assert h264_parameter_sets(b"") is None and h264_parameter_sets(b"\x01\x64\x00\x1f\xff\xe1\x00\x40\x67") is None
 
 
-def test_a_keyframe_that_is_no_idr_carrying_its_own_parameter_sets_gets_no_second_copy(tmp_path: Path) -> None:
-    """A clip whose first packet (an I picture at a recovery point) carries its own SPS and PPS, as an encoder that
-    repeats headers writes it, is muxed as it is: the avcC's are added only where the packet has none."""
+def _nal_lengths_rewritten(source: Path, path: Path, width: int) -> Path:
+    """``source`` (an H.264 MP4 of 4-byte NAL lengths) with ``width``-byte ones (1 or 2): its ``avcC``'s
+    lengthSizeMinusOne and every packet's length prefixes rewritten, the units unchanged; a unit too long for the width
+    is left out, where it is an SEI (x264's 669 bytes of its version and options, which no decoder reads)."""
+    with av.open(str(source)) as given, av.open(str(path), "w", format="mp4") as output:
+        template = given.streams.video[0]
+        extradata = bytearray(template.codec_context.extradata)
+        assert extradata[4] & 3 == 3
+        extradata[4] = extradata[4] & 0xFC | (width - 1)
+        stream = output.add_stream_from_template(template=template, opaque=True)
+        stream.codec_context.extradata = bytes(extradata)
+        stream.time_base = template.time_base
+        for packet in given.demux(template):
+            if not packet.size:
+                continue
+            data, units, at = bytes(packet), [], 0
+            while at < len(data):
+                size = int.from_bytes(data[at : at + 4], "big")
+                units.append(data[at + 4 : at + 4 + size])
+                at += 4 + size
+            units = [unit for unit in units if len(unit) < 1 << 8 * width or unit[0] & 0x1F != 6]
+            rewritten = av.Packet(b"".join(len(unit).to_bytes(width, "big") + unit for unit in units))
+            rewritten.pts, rewritten.dts, rewritten.time_base = packet.pts, packet.dts, packet.time_base
+            rewritten.is_keyframe, rewritten.stream = packet.is_keyframe, stream
+            output.mux(rewritten)
+    return path
+
+
+@pytest.mark.parametrize("width", [4, 2, 1])
+def test_a_keyframe_that_is_no_idr_gets_the_parameter_sets_once_in_its_nal_length_width(
+    tmp_path: Path, width: int
+) -> None:
+    """A clip from an I picture at a recovery point gets the ``avcC``'s SPS and PPS before its first packet, prefixed
+    with the stream's NAL length width (the ``avcC``'s lengthSizeMinusOne: 4, 2 or 1 bytes; only 4 was tested), and a
+    first packet that carries its own (as an encoder that repeats headers writes it) is muxed as it is (read with 4-byte
+    lengths, its units of 2- or 1-byte ones do not parse, and the avcC's went in again: a second SPS and PPS). Both
+    clips decode to the frames asked for, as the file's full decode shows them."""
     from lerobot_dali.sequence_headers import h264_parameter_sets
 
     path = encode_open_keyframes(tmp_path / "open_keyframes.mp4")
+    reference = reference_frames(path)
+    if width != 4:
+        path = _nal_lengths_rewritten(path, tmp_path / f"lengths_{width}.mp4", width)
     index = build_packet_index(path)
     with av.open(str(path)) as container:
         extradata = container.streams.video[0].codec_context.extradata
-    assert extradata[4] & 3 == 3  # (4-byte NAL lengths)
+    assert (extradata[4] & 3) + 1 == width
     units = h264_parameter_sets(extradata)
     plan = plan_clip(index, [10, 11, 12])
     payloads = read_packet_payloads(path, index, plan)
-    own = b"".join(len(unit).to_bytes(4, "big") + unit for unit in units) + payloads[0]
-    clip = clips.remux_clip(index, plan, [own, *payloads[1:]])
-    types = _annexb_unit_types(clip)
-    assert types[0] == [7, 8, 6, 1] and sum(t.count(7) for t in types) == 1, types[:3]
-    frames = _decode_clip(clip)
-    assert [read_marker(frames[r]) for r in plan.relative_indices.tolist()] == [(0, 10), (0, 11), (0, 12)]
+    own = b"".join(len(unit).to_bytes(width, "big") + unit for unit in units) + payloads[0]
+    assert clips._parameter_sets_in_band(index, payloads) == [own, *payloads[1:]]  # (hand-built: width-byte lengths)
+    for first in (payloads[0], own):
+        clip = clips.remux_clip(index, plan, [first, *payloads[1:]])
+        types = _annexb_unit_types(clip)
+        assert types[0] == [7, 8, 6, 1] and sum(t.count(7) for t in types) == 1, types[:3]
+        frames = _decode_clip(clip)
+        for relative, pts in zip(
+            plan.relative_indices.tolist(), index.pts_of_frames([10, 11, 12]).tolist(), strict=True
+        ):
+            np.testing.assert_array_equal(frames[relative], reference[pts])
 
 
 def test_a_clip_reordered_deeper_than_dalis_gpu_decoder_holds_is_refused(marker_video: MarkerVideo) -> None:
