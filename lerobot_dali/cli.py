@@ -9,6 +9,7 @@ import argparse
 import atexit
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -400,13 +401,42 @@ def _print_problems(report: CheckReport, show: int) -> None:
         where = f"camera {problem.camera}" if problem.camera else "rows"
         dataset = "" if problem.dataset == report.source else f"{problem.dataset}: "  # (a union's datasets)
         mark = "" if shared is None else f" [{_advice_mark(shared)}]"
-        print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {own}{mark}")
+        said = _place_unsaid(problem, own)  # (the line names it: said once)
+        print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {said}{mark}")
     for at, advice in enumerate(split.advice):
         which = _problems_named(report, [shown[i] for i in split.sharing(at)])
         elided = f" ({ELIDED}: each one's own number, in its line)" if ELIDED in advice else ""
         print(f"[{_advice_mark(at)}] {which}{elided}: {advice}")
     if report.problem_count > show:
         print(f"... and {report.problem_count - show} more (--show N lists more; --json lists them)")
+
+
+def _place_unsaid(problem: Problem, text: str) -> str:
+    """``text``, the start of ``problem``'s message, without the dataset, episode and camera its line names before it:
+    a frame lookup's ``dataset D, episode 0, camera C (FILE): ...`` is ``FILE: ...``, an image's ``FILE (episode 0,
+    camera C): ...`` is ``FILE: ...`` (cr5_v30_av1's lines said their place twice, ~85 characters before what was
+    wrong). Only the line's own place goes, the file stays; the error raised, and ``--json``, keep the message whole
+    (scripts and logs read it alone)."""
+    place = _place_pattern(problem)
+    before = re.match(rf"(?:{place})(?: \((?P<file>.+?)\))?: ", text)  # (a lookup's: the place, then its file)
+    if before is not None:
+        rest = text[before.end() :]
+        return f"{before['file']}: {rest}" if before["file"] else rest
+    after = re.match(rf"(?P<file>\S.*?) \((?:{place})\)(?=[: ])", text)  # (an image's: the file, then the place)
+    return text if after is None else after["file"] + text[after.end() :]
+
+
+def _place_pattern(problem: Problem) -> str:
+    """A regex of ``problem``'s place as errors name it (:meth:`~.frame_lookup.FrameRequestContext.describe`): its
+    dataset, episode and camera (quoted or not), any of them, in that order."""
+    from .url_secrets import masked
+
+    datasets = "|".join(re.escape(name) for name in dict.fromkeys((problem.dataset, masked(problem.dataset))))
+    parts = [f"dataset (?:{datasets})", f"episode {problem.episode_index}"]
+    if problem.camera:
+        parts.append(f"camera (?:{re.escape(problem.camera)}|{re.escape(repr(problem.camera))})")
+    named = [", ".join(chosen) for size in (3, 2, 1) for chosen in itertools.combinations(parts, size)]
+    return "|".join(named)
 
 
 def _advice_mark(at: int) -> str:
