@@ -18,6 +18,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -236,7 +237,7 @@ def _check(args: argparse.Namespace) -> int:
     _show_check_progress(args)
     as_one = args.concat or args.rename_map is not None
     if as_one or len(args.dataset) == 1:
-        report = _check_one(args, _union(args, each)) if as_one else _check_one(each[0])
+        report = _check_one(args, union=each) if as_one else _check_one(each[0])
         if args.json:
             print(json.dumps(report, indent=2))
         return 0 if report["ok"] else 1
@@ -311,13 +312,16 @@ def _with(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), **changes})
 
 
-def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = None) -> dict[str, Any]:
-    """One dataset's report (``CheckReport.to_json``; ``reader``: ``args.dataset`` opened), printed unless
-    ``--json``."""
+def _check_one(args: argparse.Namespace, union: Sequence[argparse.Namespace] | None = None) -> dict[str, Any]:
+    """One dataset's report (``CheckReport.to_json``; ``union``: ``args.dataset`` read as one, each's args), printed
+    unless ``--json``; its seconds are the whole check's, the open's named (reading info.json and the episode tables,
+    v2.1's data files' footers: ~9 s of 15,000 episodes, which the check's own 0.0 s left out)."""
     from .dataset_check import check_dataset
     from .progress_lines import progress_counter
 
-    reader, missing = (reader, []) if reader is not None else _open_to_check(args)
+    started = time.perf_counter()
+    reader, missing = (_union(args, union), []) if union is not None else _open_to_check(args)
+    opening_s = time.perf_counter() - started
     # (a union's args hold a list, one value or one per dataset, which the union holds itself)
     source, tolerance = (v[0] if isinstance(v, list) else v for v in (args.timestamp_source, args.tolerance_s))
     with progress_counter(
@@ -331,6 +335,7 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
             reader, timestamp_source=source, tolerance_s=tolerance, decode=args.decode, redecode=args.redecode,
             workers=args.workers, progress=progress,
         )  # fmt: skip
+    report.opening_seconds = opening_s
     _list_missing_cameras(report, reader, missing)
     if args.json:
         return report.to_json()
@@ -346,13 +351,20 @@ def _check_one(args: argparse.Namespace, reader: LeRobotDatasetReader | None = N
     print(
         f"{report.source}: {counted(report.episodes, 'episode')}, {counted(report.rows, 'row')}, "
         f"{counted(report.video_files, 'video file')}"
-        f"{decoded} checked in {report.seconds:.1f} s (timestamp_source={_said(args.timestamp_source)}, "
+        f"{decoded} checked in {_check_time(report)} (timestamp_source={_said(args.timestamp_source)}, "
         f"tolerance_s={_said(args.tolerance_s)}): {problems}"
     )
     for kind, count in report.problem_kinds.items():
         print(f"  {count:>6} x {kind}")
     _print_problems(report, args.show)
     return report.to_json()
+
+
+def _check_time(report: CheckReport) -> str:
+    """How long ``report``'s check took, the open included, and the open's part where it shows: ``12.3 s, 9.1 s of it
+    opening the dataset``."""
+    opening = f", {report.opening_seconds:.1f} s of it opening the dataset" if report.opening_seconds >= 0.05 else ""
+    return f"{report.seconds + report.opening_seconds:.1f} s{opening}"
 
 
 def _open_to_check(args: argparse.Namespace) -> tuple[LeRobotDatasetReader, list[MissingDataFileError]]:

@@ -802,6 +802,40 @@ def test_check_counts_one_video_file_skipped_as_one(capsys) -> None:
     assert ", 0 frames decoded (1 video file and 790 frames skipped: decoded by an earlier" in capsys.readouterr().out
 
 
+def test_check_says_how_long_the_whole_check_took_the_open_named(capsys, monkeypatch) -> None:
+    """Check's "checked in N s" was the episodes' check alone: the open before it (info.json, the episode tables,
+    v2.1's data files' footers: ~9 s of 15,000 episodes) was left out, so a slow open read "checked in 0.0 s". The
+    number is the whole check's, the open's part named; --json says both (``seconds``, the check's own, as before)."""
+    import time
+
+    import lerobot_dali.dataset_reader
+    import lerobot_dali.dataset_union
+
+    def slow(opens: Callable[..., object]) -> Callable[..., object]:
+        def opened(*args: object, **kwargs: object) -> object:
+            time.sleep(0.3)
+            return opens(*args, **kwargs)
+
+        return opened
+
+    monkeypatch.setattr(lerobot_dali.dataset_reader, "open_located", slow(lerobot_dali.dataset_reader.open_located))
+    monkeypatch.setattr(lerobot_dali.dataset_union, "open_all", slow(lerobot_dali.dataset_union.open_all))
+    r1 = str(shared_dataset("r1_v30_h264"))
+    argv = ["check", r1, "--keys", "action", "--tolerance-s", "0.0201"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["opening_seconds"] >= 0.3 and report["seconds"] > 0  # (the check's own, as before)
+    assert main(argv) == 0
+    said = re.search(
+        r" checked in (\d+\.\d) s, (\d+\.\d) s of it opening the dataset \(timestamp_source=",
+        out := capsys.readouterr().out,
+    )
+    assert said is not None and float(said[1]) >= float(said[2]) >= 0.3, out
+    assert main([*argv[:2], r1, *argv[2:], "--concat"]) == 0  # (a union's open: its datasets' together)
+    said = re.search(r" checked in (\d+\.\d) s, (\d+\.\d) s of it opening the dataset ", out := capsys.readouterr().out)
+    assert said is not None and float(said[2]) >= 0.3, out
+
+
 def test_check_logs_a_line_on_its_own_line_not_after_the_progress_bar() -> None:
     """r1's data files hold columns info.json does not declare: the line check logs of them as it starts (a
     warning then; at INFO, shown by -v, where keys are chosen) was written after the bar's 0% (``... 0/1
