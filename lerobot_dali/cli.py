@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .bench_types import LOADERS
-from .cli_options import ArgumentParser, add_episode_pool_size, add_image_size, parse_size
+from .cli_options import HELP_WIDTH, ArgumentParser, add_episode_pool_size, add_image_size, described, parse_size
 from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .sample_order import DEFAULT_EPISODE_POOL_SIZE
 from .value_checks import check_seconds
@@ -59,12 +59,14 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
 
 
 def _exit_statuses() -> str:
-    """:data:`EXIT_STATUSES` as ``--help`` ends."""
+    """:data:`EXIT_STATUSES` as ``--help`` ends, wrapped to :data:`~.cli_options.HELP_WIDTH` (it ran to 100 columns)."""
     import textwrap
 
     lines = ["exit status:"]
     for code, meaning in EXIT_STATUSES:
-        lines += textwrap.wrap(meaning, 100, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+        lines += textwrap.wrap(
+            meaning, HELP_WIDTH, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7, break_on_hyphens=False
+        )
     return "\n".join(lines)
 
 
@@ -715,7 +717,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
-        prog="lerobot-dali", description=__doc__.splitlines()[0].replace("``", ""), epilog=_exit_statuses(),
+        prog="lerobot-dali", description=described(__doc__.splitlines()[0]), epilog=_exit_statuses(),
     )  # fmt: skip
     parser.add_argument(
         "-v", "--verbose", action="count", default=0,

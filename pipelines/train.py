@@ -67,7 +67,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
-from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size
+from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, add_image_size, check_image_size, described
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import StatsError
 from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
@@ -244,7 +244,7 @@ class TrainOptions:
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
     # lines as written, up to 188 characters, past any terminal)
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
     p.add_argument(
         "--dataset",
         required=True,
