@@ -20,6 +20,7 @@ from .frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from .value_checks import is_int
 
 __all__ = [
+    "HELP_WIDTH",
     "MAX_IMAGE_SIDE",
     "ArgumentParser",
     "HelpFormatter",
@@ -28,6 +29,7 @@ __all__ = [
     "add_timestamp_source",
     "add_tolerance_s",
     "check_image_size",
+    "described",
     "parse_size",
 ]
 
@@ -35,6 +37,9 @@ __all__ = [
 #: scaler refused (EINVAL: the CPU route called the dataset's video corrupt), and past 2**31 the first batch failed
 #: with an OverflowError, each once the run had started.
 MAX_IMAGE_SIDE = 8192
+#: The columns ``--help``'s description and epilog are wrapped to as they are written, since :class:`HelpFormatter`
+#: keeps them as written (the flags' helps it wraps to the terminal): a terminal's 80.
+HELP_WIDTH = 80
 #: What ``--image-size`` takes, as its help and both of its errors say it (the bench's and train.py's alike).
 _IMAGE_SIZE = f"a positive height and width up to {MAX_IMAGE_SIDE}, HxW (224x224) or H W (224 224)"
 
@@ -49,6 +54,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         import textwrap
 
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def described(text: str) -> str:
+    """``text`` (a module docstring's first paragraph) as a parser's description: wrapped to :data:`HELP_WIDTH`
+    columns at spaces, its ````name```` markup left out. :class:`HelpFormatter` keeps a description as written, and the
+    docstrings' first lines ran to 90 and 105 columns in ``--help``."""
+    import textwrap
+
+    return textwrap.fill(" ".join(text.replace("``", "").split()), HELP_WIDTH, break_on_hyphens=False)
 
 
 class ArgumentParser(argparse.ArgumentParser):

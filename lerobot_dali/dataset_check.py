@@ -103,7 +103,11 @@ class CheckReport:
     problems: list[Problem] = field(default_factory=list)
     #: How many problems of each kind, ``"<error> in <camera or 'rows'>"``, most common first.
     problem_kinds: dict[str, int] = field(default_factory=dict)
+    #: How long :func:`check_dataset` took, given the dataset opened.
     seconds: float = 0.0
+    #: How long opening the dataset took before (info.json, the episode tables, v2.1's data files' footers): its
+    #: opener's to say (``lerobot-dali check`` does); 0 where none did.
+    opening_seconds: float = 0.0
 
     @property
     def ok(self) -> bool:

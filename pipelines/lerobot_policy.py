@@ -55,7 +55,7 @@ if __name__ == "__main__":  # as pipelines.lerobot_policy, so that a Ctrl-C in t
 
     run_main("pipelines.lerobot_policy", "lerobot_policy.py", "lerobot_dali.pipelines.lerobot_policy")
 
-from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size
+from lerobot_dali.cli_options import ArgumentParser, add_episode_pool_size, described
 from lerobot_dali.dataset_location import dataset_not_found, is_repo_id
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import DatasetNotFoundError
@@ -167,7 +167,7 @@ def _policy_arg(text: str) -> tuple[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
     parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
     parser.add_argument("--revision", help="with a Hub repo id: the branch, tag or commit (metadata and data alike)")
     parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")

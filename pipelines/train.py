@@ -74,6 +74,7 @@ from lerobot_dali.cli_options import (
     add_timestamp_source,
     add_tolerance_s,
     check_image_size,
+    described,
 )
 from lerobot_dali.decode_route import DecodePreference
 from lerobot_dali.errors import StatsError
@@ -251,7 +252,7 @@ class TrainOptions:
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
     # lines as written, up to 188 characters, past any terminal)
-    p = ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
     p.add_argument(
         "--dataset",
         required=True,

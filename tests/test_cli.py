@@ -649,15 +649,77 @@ def test_check_of_wall_clock_timestamps_names_the_flag_that_reads_them(capsys) -
     assert main([*argv, "--timestamp-source", "frame_index"]) == 0
 
 
+CR5_CAMERA = "observation.images.top"
+
+
+def _unplaced(message: str, dataset: str, episode: int, camera: str) -> str:
+    """A frame lookup's ``message`` as check's line says it: ``dataset D, episode E, camera C (FILE): ...`` (its place,
+    which the line says before it) as ``FILE: ...``."""
+    place = f"dataset {dataset}, episode {episode}, camera {camera} ("
+    assert message.startswith(place), message
+    file, rest = message.removeprefix(place).split("): ", 1)
+    return f"{file}: {rest}"
+
+
+def test_check_says_each_problems_place_once_and_json_keeps_it(capsys) -> None:
+    """cr5_v30_av1's and gr00t_v20_h264's lines said their place twice, ``episode 0, camera C: FrameTimestampError:
+    dataset D, episode 0, camera C (FILE): query ...``, ~85 characters before what was wrong. A line says it once and
+    keeps the file, every other word of the message kept; --json keeps the message whole (its place too), and a
+    message naming another place than its line's (a missing camera's: its file alone) is printed whole."""
+    for name, camera in (("cr5_v30_av1", CR5_CAMERA), ("gr00t_v20_h264", "observation.images.ego_view")):
+        dataset = str(shared_dataset(name))
+        argv = ["check", dataset, "--episodes", "0", "--show", "1"]
+        assert main([*argv, "--json"]) == 1
+        problems = json.loads(capsys.readouterr().out)["problems"]
+        message = next(p["message"] for p in problems if p["camera"] == camera)
+        assert message.startswith(f"dataset {dataset}, episode 0, camera {camera} ({dataset}/videos/")
+        assert main([*argv, "--cameras", camera]) == 1
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("episode ")]
+        assert line == f"episode 0, camera {camera}: FrameTimestampError: {_unplaced(message, dataset, 0, camera)}"
+        assert line.count("episode 0") == 1 and line.count(camera) == 2  # (the line's place, and in the file's name)
+        assert line.split(": FrameTimestampError: ")[1].startswith(f"{dataset}/videos/")
+    gr00t = str(shared_dataset("gr00t_v20_h264"))
+    assert main(["check", gr00t, "--episodes", "0"]) == 1  # (its camera never recorded: its file, then why)
+    missing = f"episode 0, camera observation.images.egoview: MissingDataFileError: {gr00t}/videos/chunk-000/"
+    assert missing in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        ("dataset D, episode 3, camera c (v.mp4): query 1 s", "v.mp4: query 1 s"),  # (a frame lookup's)
+        ("episode 3, camera c (v (2).mp4): query 1 s", "v (2).mp4: query 1 s"),  # (some of the place: the rest)
+        ("dataset D, episode 3: column 'frame_index' of d.parquet", "column 'frame_index' of d.parquet"),
+        ("d.parquet (episode 3, camera c): the image of row 2", "d.parquet: the image of row 2"),  # (an image's)
+        ("v.mp4 (episode 3, camera 'c') is vp9, but", "v.mp4 is vp9, but"),  # (a file of another codec)
+        ("dataset D, episode 4, camera c (v.mp4): query 1 s", None),  # (another episode's: whole)
+        ("dataset E, episode 3, camera c (v.mp4): query 1 s", None),  # (another dataset's)
+        ("episode 3, camera cc (v.mp4): query", None),  # (another camera's)
+        ("v.mp4: episode 3's rows, camera c", None),  # (not where a place is named)
+        ("v.mp4 is missing (episode 3, camera c)", None),
+    ],
+)
+def test_a_problems_line_leaves_out_its_place_alone(message: str, said: str | None) -> None:
+    """What check's line leaves out of a message is the dataset, episode and camera the line names before it, where
+    an error names its place (at its start, a file after it; or after its file), and nothing else."""
+    from lerobot_dali.cli import _place_unsaid
+    from lerobot_dali.dataset_check import Problem
+
+    problem = Problem("D", 3, "c", "FrameTimestampError", message)
+    assert _place_unsaid(problem, message) == (message if said is None else said)
+
+
 def test_check_says_advice_its_problems_share_once_and_json_keeps_every_message_whole(capsys) -> None:
     """cr5_v21_av1's 12 problems each printed its ~300 characters of advice, 11 alike (episode 5's rows fall between
     frames, the others' run past their videos). Each line now holds its problem's facts, marked [A] where its advice
     is the one said once after them (where each episode's last row belongs elided: its line says its video's end);
-    a problem alone in its advice, or shown alone (--show 1), is printed whole; --json keeps every message whole."""
+    a problem alone in its advice, or shown alone (--show 1), is printed whole but for its place, which its line
+    says before it; --json keeps every message whole."""
     dataset = str(shared_dataset("cr5_v21_av1"))
     assert main(["check", dataset, "--json"]) == 1
-    messages = {p["episode_index"]: p["message"] for p in json.loads(capsys.readouterr().out)["problems"]}
-    assert len(messages) == 12 and all("--timestamp-source frame_index" in m for m in messages.values())
+    whole = {p["episode_index"]: p["message"] for p in json.loads(capsys.readouterr().out)["problems"]}
+    assert len(whole) == 12 and all("--timestamp-source frame_index" in m for m in whole.values())
+    messages = {episode: _unplaced(message, dataset, episode, CR5_CAMERA) for episode, message in whole.items()}
     assert main(["check", dataset]) == 1
     lines = capsys.readouterr().out.splitlines()
     problems = {int(line.split(",")[0].split()[1]): line for line in lines if line.startswith("episode ")}
@@ -738,6 +800,40 @@ def test_check_counts_one_video_file_skipped_as_one(capsys) -> None:
     assert ", 1 video file, 790 frames decoded checked in " in capsys.readouterr().out
     assert main(argv) == 0
     assert ", 0 frames decoded (1 video file and 790 frames skipped: decoded by an earlier" in capsys.readouterr().out
+
+
+def test_check_says_how_long_the_whole_check_took_the_open_named(capsys, monkeypatch) -> None:
+    """Check's "checked in N s" was the episodes' check alone: the open before it (info.json, the episode tables,
+    v2.1's data files' footers: ~9 s of 15,000 episodes) was left out, so a slow open read "checked in 0.0 s". The
+    number is the whole check's, the open's part named; --json says both (``seconds``, the check's own, as before)."""
+    import time
+
+    import lerobot_dali.dataset_reader
+    import lerobot_dali.dataset_union
+
+    def slow(opens: Callable[..., object]) -> Callable[..., object]:
+        def opened(*args: object, **kwargs: object) -> object:
+            time.sleep(0.3)
+            return opens(*args, **kwargs)
+
+        return opened
+
+    monkeypatch.setattr(lerobot_dali.dataset_reader, "open_located", slow(lerobot_dali.dataset_reader.open_located))
+    monkeypatch.setattr(lerobot_dali.dataset_union, "open_all", slow(lerobot_dali.dataset_union.open_all))
+    r1 = str(shared_dataset("r1_v30_h264"))
+    argv = ["check", r1, "--keys", "action", "--tolerance-s", "0.0201"]
+    assert main([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["opening_seconds"] >= 0.3 and report["seconds"] > 0  # (the check's own, as before)
+    assert main(argv) == 0
+    said = re.search(
+        r" checked in (\d+\.\d) s, (\d+\.\d) s of it opening the dataset \(timestamp_source=",
+        out := capsys.readouterr().out,
+    )
+    assert said is not None and float(said[1]) >= float(said[2]) >= 0.3, out
+    assert main([*argv[:2], r1, *argv[2:], "--concat"]) == 0  # (a union's open: its datasets' together)
+    said = re.search(r" checked in (\d+\.\d) s, (\d+\.\d) s of it opening the dataset ", out := capsys.readouterr().out)
+    assert said is not None and float(said[2]) >= 0.3, out
 
 
 def test_check_logs_a_line_on_its_own_line_not_after_the_progress_bar() -> None:
