@@ -220,6 +220,23 @@ def test_the_frame_duration_is_at_least_one_tick() -> None:
     assert single.frame_duration == 1 and single.frame_interval_s == pytest.approx(1 / 15360)
 
 
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"dts": np.zeros(4, dtype=np.int64)}, r"PacketIndex\.dts has 4 entries, pts has 5\."),
+        ({"hidden": np.zeros(6, dtype=bool)}, r"PacketIndex\.hidden has 6 entries, pts has 5\."),
+        ({"time_base": Fraction(0)}, r"PacketIndex\.time_base must be positive, got 0\."),
+    ],
+    ids=["dts_short", "hidden_long", "time_base_0"],
+)
+def test_an_index_whose_fields_do_not_fit_its_packets_is_refused(changes: dict[str, object], said: str) -> None:
+    """Each per-packet array holds one entry a packet (``hidden`` too, where given), and the time base is positive: at
+    a time base of 0 every frame would show at 0 s."""
+    index = _long_index(np.arange(5, dtype=np.int64) * 512, np.arange(5, dtype=np.int64) * 512)
+    with pytest.raises(ValueError, match=said):
+        replace(index, **changes)
+
+
 def test_sources_path_fsspec_and_file_objects(marker_video: MarkerVideo) -> None:
     path = marker_video("vp9", 2)
     expected = build_packet_index(path).pts
@@ -766,7 +783,8 @@ def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_bef
     """Packets in decode order need not be stored in it: here packet 1 lies at bytes 300-400, after packet 2 (100-300)
     and packet 0 (0-100). The file is zero-filled from byte 300: packet 1, stored last, starts with zeros (packet 2,
     last in decode order, does not). A last stored packet that ends with zeros is padding where the packet stored
-    before it (packet 2, not packet 0 before it in decode order) ends with zeros too."""
+    before it (packet 2, not packet 0 before it in decode order) ends with zeros too; a one-packet file's, with none
+    stored before it, is a zero fill."""
     offsets, sizes = np.array([0, 300, 100]), np.array([100, 100, 200])
 
     def check(data: bytes, offsets: np.ndarray = offsets, sizes: np.ndarray = sizes) -> None:
@@ -784,15 +802,20 @@ def test_the_zero_fill_check_reads_the_packet_stored_last_and_the_one_stored_bef
     check(padded * 2, offsets=np.array([0, 100]), sizes=np.array([100, 100]))
     with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 100-200\) ends with zeros"):
         check(b"\x01" * 100 + padded, offsets=np.array([0, 100]), sizes=np.array([100, 100]))
+    with pytest.raises(VideoDecodeError, match=r"v\.mp4: its last stored packet \(bytes 0-100\) ends with zeros"):
+        check(padded, offsets=np.array([0]), sizes=np.array([100]))  # (one packet: none stored before it)
 
 
 def test_offsets_are_exact_only_where_every_packet_has_one() -> None:
     """Byte offsets are exact where every packet has one (-1: the demuxer gave none) and the first packets' payloads
     lie at theirs: made up, a file of a 3-byte header then packets "aa", "bbb" and "cc". A third packet without an
-    offset makes them inexact though the first two match; so does a payload not found at its offset ("cx")."""
+    offset makes them inexact though the first two match; so does a payload not found at its offset ("cx"). Byte 0 is
+    an offset like any other (a container without a header of its own): a file of those packets only is exact too."""
     data = io.BytesIO(b"hdr" + b"aa" + b"bbb" + b"cc")
     samples = {0: b"aa", 1: b"bbb"}  # (pts, dts, offset, size, keyframe, hidden)
     table = np.array([[0, 0, 3, 2, 1, 0], [1, 1, 5, 3, 0, 0], [2, 2, 8, 2, 0, 0]])
+    headerless = table - [0, 0, 3, 0, 0, 0]
+    assert packet_index._offsets_are_exact(io.BytesIO(b"aabbbcc"), headerless, samples) is True
     assert packet_index._offsets_are_exact(data, table, samples) is True
     assert packet_index._offsets_are_exact(data, table, {**samples, 2: b"cx"}) is False
     table[2, 2] = -1
@@ -1076,6 +1099,15 @@ def test_a_movie_duration_over_half_a_frame_longer_than_the_tracks_is_refused(
     with pytest.raises(VideoDecodeError, match=said):
         build_packet_index(longer)
     assert build_packet_index(with_movie_duration(source, tmp_path / "close.mp4", 3.075)).frame_count == 90
+
+
+def test_a_frames_length_is_the_median_step_between_frames_or_a_lone_frames_own() -> None:
+    """The mehd checks' frame length, by hand in ticks of 1/15360 s: two frames 512 ticks apart are 1/30 s long (one
+    step measures it), three 512 and 1536 apart 1024 ticks (the median step), and a lone frame is given its own."""
+    interval, tick = packet_index._frame_interval, Fraction(1, 15360)
+    assert interval(np.array([0, 512]), tick, Fraction(0)) == Fraction(1, 30)
+    assert interval(np.array([0, 512, 2048]), tick, Fraction(0)) == Fraction(1, 15)
+    assert interval(np.array([0]), tick, Fraction(1, 25)) == Fraction(1, 25)
 
 
 def test_ebml_sizes_by_hand_and_at_the_end_of_the_bytes_read() -> None:

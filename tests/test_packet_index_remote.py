@@ -606,6 +606,23 @@ def test_tables_that_do_not_add_up_or_hold_sample_groups_are_left_to_ffmpeg(
         assert track.samples.dts.tolist() == [512 * i for i in range(90)]
 
 
+def test_ffmpegs_index_indexes_tables_not_read_here_without_a_whole_demux(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sample groups leave the tables' own samples unknown (above), which costs PyAV < 16 a whole demux of the file;
+    where PyAV exposes FFmpeg's index, the packets come from it and the first few demuxed, never a whole demux."""
+    if int(av.__version__.split(".")[0]) < 16:
+        pytest.skip("PyAV < 16 exposes no demuxer index")
+    path = _with_box_payload(marker_video("h264", 30), tmp_path / "groups.mp4", _STBL, _append_sbgp)
+    assert _track(path).samples is None
+    expected = demux_index(path, monkeypatch)
+    whole_demuxes: list[Path] = []
+    real = packet_index._rows_from_demux
+    monkeypatch.setattr(packet_index, "_rows_from_demux", lambda *a, **k: whole_demuxes.append(path) or real(*a, **k))
+    assert_same_index(build_packet_index(path), expected)
+    assert whole_demuxes == []
+
+
 def test_a_movie_timescale_of_0_leaves_the_edit_list_unknown(
     marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str
 ) -> None:
@@ -659,3 +676,16 @@ def test_listed_samples_of_zero_bytes_are_not_counted_against_the_demuxed_packet
     damaged = replace(track, samples=replace(samples, offset=np.array([0, 9_999, 25])))
     with pytest.raises(packet_index.VideoDecodeError, match=r"v\.mp4: packet 1 \(bytes 25-45\) lies outside"):
         packet_index._check_listed_samples(damaged, 1, label="v.mp4", file_size=30)
+
+
+def test_a_gap_before_the_one_piece_an_edit_list_plays_is_no_piece() -> None:
+    """An empty edit (media time -1: a gap before the media plays) then one piece plays the media once, whatever its
+    packets: here two share bytes, which the media data check names (damaged tables), not this one; two pieces are
+    named. Made up: two packets, both at bytes 100-150."""
+    table = np.array([[0, 0, 100, 50, 1, 0], [512, 512, 100, 50, 0, 0]])  # (pts, dts, offset, size, keyframe, hidden)
+    gap = Edit(media_time=-1, duration=512, normal_rate=True)
+    piece = Edit(media_time=0, duration=1024, normal_rate=True)
+    track = Mp4Track(1, 2, np.array([]), np.array([]), False, edits=(gap, piece))
+    packet_index._check_samples_played_once(table, track, label="v.mp4")
+    with pytest.raises(packet_index.VideoDecodeError, match=r"v\.mp4: its edit list plays the media in 2 pieces"):
+        packet_index._check_samples_played_once(table, replace(track, edits=(piece, piece)), label="v.mp4")
