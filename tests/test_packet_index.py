@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import lerobot_dali.packet_index as packet_index
+from lerobot_dali import mp4_tables
 from lerobot_dali.clips import plan_clip
 from lerobot_dali.episode_ranges import episode_span
 from lerobot_dali.errors import (
@@ -947,6 +948,17 @@ def test_a_fragmented_mp4_padded_with_zeros_after_its_mfra_box_is_indexed(
                 index = build_packet_index(padded)
                 assert sorted(index.pts.tolist()) == _decoded_pts(padded) == _decoded_pts(whole)
                 assert index.frame_count == 90
+
+
+def test_only_an_mfro_box_ending_the_file_says_where_its_mfra_box_starts() -> None:
+    """A file that ends with its mfra box is whole without its other box headers read: the mfro box ending it (16
+    bytes: size, type, version and flags, the mfra box's size) says so where the box it points to is an mfra box of that
+    size. Made up: a 24-byte mfra box holding its mfro box alone. Where the mfro's type or its own size is another, its
+    last 4 bytes are no mfra box's size, though here they point to one."""
+    mfra = struct.pack(">I4s", 24, b"mfra") + struct.pack(">I4sII", 16, b"mfro", 0, 24)
+    assert mp4_tables._ends_with_mfra(io.BytesIO(mfra), 24) is True
+    for damaged in (mfra[:12] + b"free" + mfra[16:], mfra[:8] + struct.pack(">I", 17) + mfra[12:]):
+        assert mp4_tables._ends_with_mfra(io.BytesIO(damaged), 24) is False
 
 
 @pytest.mark.parametrize("codec", ["h264", "hevc"])

@@ -585,16 +585,23 @@ def _one_fewer_per_chunk(stbl: bytes) -> bytes:
     return stbl[:at] + struct.pack(">I", per_chunk - 1) + stbl[at + 4 :]
 
 
+def _sync_sample_0(stbl: bytes) -> bytes:  # (sync samples are numbered from 1: the first, sample 1, as 0)
+    at = _child_box(stbl, b"stss", 0, len(stbl))[0] + 16  # (header, version and flags, entry count)
+    assert struct.unpack_from(">I", stbl, at) == (1,)
+    return stbl[:at] + struct.pack(">I", 0) + stbl[at + 4 :]
+
+
 @pytest.mark.parametrize(
-    "damage", [None, _append_sbgp, _one_fewer_in_first_stts_run, _one_fewer_per_chunk],
-    ids=["clean", "sample_groups", "stts_one_short", "stsc_one_short"],
+    "damage", [None, _append_sbgp, _one_fewer_in_first_stts_run, _one_fewer_per_chunk, _sync_sample_0],
+    ids=["clean", "sample_groups", "stts_one_short", "stsc_one_short", "stss_sample_0"],
 )  # fmt: skip
 def test_tables_that_do_not_add_up_or_hold_sample_groups_are_left_to_ffmpeg(
     marker_video: MarkerVideo, tmp_path: Path, damage: Callable[[bytes], bytes] | None
 ) -> None:
     """The marker video's 90 samples lie in one chunk: stsc saying 89 a chunk, or stts timing 89, no longer add up to
     stsz's 90 (read anyway, they gave 89 decode times, or failed on arrays of different lengths); sample groups may
-    make FFmpeg flag samples keyframes. Each leaves the samples unknown (FFmpeg's index or a demux instead)."""
+    make FFmpeg flag samples keyframes; a sync sample numbered 0 is no sample (they count from 1: read anyway, it
+    flagged the last). Each leaves the samples unknown (FFmpeg's index or a demux instead)."""
     source = marker_video("h264", 30)
     path = source if damage is None else _with_box_payload(source, tmp_path / "damaged.mp4", _STBL, damage)
     track = _track(path)
@@ -631,6 +638,58 @@ def test_a_movie_timescale_of_0_leaves_the_edit_list_unknown(
     path = _with_movie_timescale(marker_video("h264", 30), tmp_path / "zero.mp4", 0)
     track = _track(path)
     assert track.edits is None and track.samples is None
+    assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
+
+
+def test_a_timescale_is_read_only_whole_within_its_box() -> None:
+    """An mvhd or mdhd box gives its timescale after its version and flags and its creation and modification times (4
+    bytes each; 8 at version 1): 15360 where the box holds its 4 bytes, unknown where it ends within them."""
+    narrow, wide = bytes(12) + struct.pack(">I", 15360), b"\x01" + bytes(19) + struct.pack(">I", 15360)
+    assert mp4_tables._timescale(narrow, (0, 16)) == mp4_tables._timescale(wide, (0, 24)) == 15360
+    assert mp4_tables._timescale(narrow, (0, 15)) is None and mp4_tables._timescale(wide, (0, 23)) is None
+
+
+def test_a_64_bit_box_size_cut_short_ends_the_boxes_read() -> None:
+    """A box whose size field is 1 gives its size in the 8 bytes after its type (a 16-byte header): where fewer than 16
+    bytes are left, it is no box, and the boxes read stop there, as at any malformed box (never a struct.error)."""
+    free, large = struct.pack(">I4s", 8, b"free"), struct.pack(">I4sQ", 1, b"skip", 16)
+    assert list(mp4_tables._child_boxes(free + large, 0, 24)) == [(b"free", 8, 8), (b"skip", 24, 24)]
+    assert list(mp4_tables._child_boxes(free + large[:15], 0, 23)) == [(b"free", 8, 8)]
+
+
+def test_an_mehd_or_elst_box_cut_within_its_fields_is_unknown() -> None:
+    """Made up, each box the last bytes read: an mehd of version 1 gives the movie's duration in the 8 bytes after its
+    version and flags (3000 ticks of 1/1000 s: 3 s), unknown where the box holds 7 of them; an elst box holds its entry
+    count after its version and flags, its edit list unknown where the box ends within the count (never a
+    struct.error)."""
+
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I4s", 8 + len(payload), kind) + payload
+
+    mehd = b"\x01\x00\x00\x00" + struct.pack(">Q", 3000)
+    assert mp4_tables._fragmented_duration_s(box(b"mvex", box(b"mehd", mehd)), 1000) == 3
+    assert mp4_tables._fragmented_duration_s(box(b"mvex", box(b"mehd", mehd[:11])), 1000) is None
+    edts = box(b"edts", box(b"elst", bytes(7)))
+    assert mp4_tables._edit_list(edts, 0, len(edts), 1000, 15360) is None
+
+
+def _co64_for_stco(stbl: bytes) -> bytes:  # (the chunk offsets in 64 bits, as a file past 4 GiB holds them)
+    start, end = _child_box(stbl, b"stco", 0, len(stbl))
+    (count,) = struct.unpack_from(">I", stbl, start + 12)  # (after the header, version and flags)
+    wide = stbl[start + 8 : start + 16] + struct.pack(f">{count}Q", *struct.unpack_from(f">{count}I", stbl, start + 16))
+    return stbl[:start] + struct.pack(">I4s", 8 + len(wide), b"co64") + wide + stbl[end:]
+
+
+def test_64_bit_chunk_offsets_give_the_samples_32_bit_ones_do(
+    marker_video: MarkerVideo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index_source: str
+) -> None:
+    """A file whose media reaches past 4 GiB lists its chunks' offsets in a co64 box (8 bytes each), not stco: the
+    marker video's one chunk so listed gives each sample the offset stco gave it, and the index a demux gives."""
+    source = marker_video("h264", 30)
+    path = _with_box_payload(source, tmp_path / "co64.mp4", _STBL, _co64_for_stco)
+    plain, wide = _track(source), _track(path)
+    assert plain.samples is not None and wide.samples is not None
+    np.testing.assert_array_equal(wide.samples.offset, plain.samples.offset)
     assert_same_index(build_packet_index(path), demux_index(path, monkeypatch))
 
 
