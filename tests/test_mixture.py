@@ -78,8 +78,11 @@ def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
     assert batch_shares([1, 1, 1], 8) == (3, 3, 2)
     assert batch_shares([1000, 1, 1], 8) == (6, 1, 1)  # the minimum of one takes from the largest
     assert batch_shares([0.7, 0.3], 64) == (45, 19)
+    assert batch_shares([3], 8) == (8,)  # (one dataset: the whole batch)
     with pytest.raises(ValueError, match="positive"):
         batch_shares([1, 0], 8)
+    with pytest.raises(ValueError, match=r"one per dataset, got \[\]"):
+        batch_shares([], 8)
     with pytest.raises(ValueError, match="cannot be split"):
         batch_shares([1, 1, 1], 2)
 
