@@ -16,6 +16,7 @@ import pytest
 from lerobot_dali.augment import (
     AugmentConfig,
     ColorJitter,
+    GaussianBlur,
     Normalize,
     RandomAffine,
     RandomSubset,
@@ -223,6 +224,17 @@ def test_old_configs_draw_exactly_as_before_the_new_slots() -> None:
             digest.update(f"{name}/{param}/{value.dtype}".encode())
             digest.update(np.ascontiguousarray(value).tobytes())
     assert digest.hexdigest() == "a427a6a314dfa6467cea7d9838d6d92a2a1cdd38d555b68d36cdd258d6b60325"
+
+
+def test_sharpness_draws_stay_in_their_own_slot() -> None:
+    # SharpnessJitter came after e13e363, so the digest above holds none of its draws: read from blur_window's slot
+    # (49 for its 50), a resumed run or an old recipe drew other factors, and each sample's sharpness decided its blur.
+    # Its factors as slot 50 gives them, with a blur drawn beside them or not.
+    sharp = AugmentConfig(sharpness=SharpnessJitter(factor=(0.5, 1.5)))
+    blurred = replace(sharp, blur=GaussianBlur(sigma=(0.1, 2.0), probability=0.5))
+    for config in (sharp, blurred):
+        params = draw_params(config, seed=3, stream="camera1", keys=draw_keys(4, epoch=2), frame_size=None)
+        np.testing.assert_array_equal(params["sharpness"], np.float32([0.7721861, 1.4152794, 0.96545273, 1.1008083]))
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,11 @@ def test_batch_shares_follow_weights_with_at_least_one_each() -> None:
     assert batch_shares([1, 1, 1], 8) == (3, 3, 2)
     assert batch_shares([1000, 1, 1], 8) == (6, 1, 1)  # the minimum of one takes from the largest
     assert batch_shares([0.7, 0.3], 64) == (45, 19)
+    assert batch_shares([3], 8) == (8,)  # (one dataset: the whole batch)
     with pytest.raises(ValueError, match="positive"):
         batch_shares([1, 0], 8)
+    with pytest.raises(ValueError, match=r"one per dataset, got \[\]"):
+        batch_shares([], 8)
     with pytest.raises(ValueError, match="cannot be split"):
         batch_shares([1, 1, 1], 2)
 
@@ -535,7 +538,7 @@ def test_a_second_pass_replaces_the_first_which_reads_no_more(make_ds) -> None:
         first = iter(mix)
         assert _keys(next(first)) == expected[0]
         second = iter(mix)
-        with pytest.raises(IteratorClosedError, match="a newer pass"):
+        with pytest.raises(IteratorClosedError, match=r"^a newer pass \(a second iter\(\) of the mixture\)"):
             next(first)
         assert [_keys(next(second)), _keys(next(second))] == expected[1:]
         state = mix.state_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -145,9 +146,17 @@ def test_unbalanced_ranks_resume_on_their_own_world_size_only() -> None:
     # lost the rest of one and read the other's again (5 of 597 fuzzed jobs read 7-83 frames twice, one missed one).
     ranks = [_stream(2, r, batch=4, **options) for r in range(2)]
     ranks[0].set_epoch(1)
-    with pytest.raises(ResumeStateError, match=r"rank_balance='none' ranks finish epochs apart.*merge_rank_states"):
+    with pytest.raises(
+        ResumeStateError,
+        match=r"so one rank's state at the start of epoch 1 does not say that the other 1 rank\(s\) stood there too: "
+        r"resume on 2 ranks.*merge_rank_states",
+    ):
         _stream(3, 1, batch=4, **options).load_state_dict(ranks[0].state_dict())
-    with pytest.raises(ResumeStateError, match="stand at other positions"):
+    with pytest.raises(
+        ResumeStateError,
+        match=r"sample 0 of epoch 1 on 2 ranks, seed 11 and sample 0 of epoch 0 on 2 ranks, seed 11 \(or their "
+        "segments",
+    ):
         merge_rank_states([r.state_dict() for r in ranks])
     # Every old rank's state gathered at the start of epoch 1: it starts afresh on the new world size.
     ranks[1].set_epoch(1)
@@ -918,6 +927,25 @@ def test_set_epoch_keeps_the_resumed_position() -> None:
     assert (resumed.epoch, resumed.samples_consumed) == (1, 0)
 
 
+def test_loads_counts_loads_and_the_trainers_moves_to_another_epoch() -> None:
+    """``loads`` counts the moves made from outside the reads: none on a fresh stream or by its reads, one per
+    load_state_dict() (which returns the count), and one per set_epoch() without ``loads`` that starts another epoch
+    (the trainer's: a read begun before it belongs to the epoch it replaced, and is not counted on the new one). A
+    set_epoch() of the epoch in progress moves nothing, and a pass's own (``loads`` given) is no load."""
+    stream = _stream()
+    assert stream.loads == 0
+    _take(stream, 8)
+    assert stream.loads == 0
+    assert stream.load_state_dict(stream.state_dict()) == 1 and stream.loads == 1
+    stream.set_epoch(0)
+    assert stream.loads == 1
+    stream.set_epoch(1)
+    assert stream.loads == 2 and stream.moved[0] == "set_epoch()"
+    assert not stream.advance(4, loads=1)  # (read under the load before: not counted on epoch 1)
+    assert stream.set_epoch(2, loads=2) and stream.loads == 2
+    assert (stream.epoch, stream.samples_consumed) == (2, 0)
+
+
 def test_a_state_taken_mid_update_never_pairs_a_new_epoch_with_the_old_count() -> None:
     """An asynchronous checkpoint may call ``state_dict()`` from another thread while the loop rolls the epoch
     over: every state it can see is one the stream really passed through."""
@@ -1067,6 +1095,8 @@ def test_state_dict_round_trip_and_validation() -> None:
         "prior_segments": [],
     }
     assert StreamState.from_dict(as_dict) == state
+    with pytest.raises(dataclasses.FrozenInstanceError):  # (a state handed out is not moved by whoever holds it)
+        state.samples_consumed = 0  # type: ignore[misc]
     with pytest.raises(ResumeStateError, match="lacks"):
         StreamState.from_dict({k: v for k, v in as_dict.items() if k != "epoch"})
     with pytest.raises(ResumeStateError, match="version"):
@@ -1263,14 +1293,19 @@ def test_a_state_past_the_epochs_end_is_refused() -> None:
         _unshuffled_stream().load_state_dict(state)
 
 
-def test_only_unbalanced_states_of_several_ranks_name_the_rank_that_saved_them() -> None:
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_only_unbalanced_states_of_several_ranks_name_the_rank_that_saved_them(shuffle: bool) -> None:
     """``saved_rank`` is kept where rank_balance='none' runs on several ranks (each rank's count its own), and left
-    out elsewhere: on one rank, or balanced, every rank stands at one position."""
-    alone = _stream(1, 0, batch=4, rank_balance=RankBalance.NONE)
+    out elsewhere: on one rank, or balanced, every rank stands at one position. One rank's state, naming no rank
+    (unshuffled: no walk names it either), resumes that rank mid-epoch: it is every rank's."""
+    alone = _stream(1, 0, batch=4, rank_balance=RankBalance.NONE, shuffle=shuffle)
     alone.next_batch()
     state = alone.state_dict()
     assert "saved_rank" not in state and StreamState.from_dict(state).rank is None
     assert (state["epoch"], state["samples_consumed"], state["world_size"]) == (0, 4, 1)
+    resumed = _stream(1, 0, batch=4, rank_balance=RankBalance.NONE, shuffle=shuffle)
+    resumed.load_state_dict(state)
+    np.testing.assert_array_equal(np.stack(resumed.next_batch()), np.stack(alone.next_batch()))
     balanced = _stream(2, 1, batch=4)
     balanced.next_batch()
     assert "saved_rank" not in balanced.state_dict()
