@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -380,6 +381,7 @@ def test_the_store_pickles_as_its_settings(tmp_path) -> None:
     assert store._open
     copy = pickle.loads(pickle.dumps(store))
     assert (copy.directory, copy.min_group_rows, copy.min_ratio, copy.max_open) == (tmp_path, 7, 3, 2)
+    assert repr(copy) == f"ColumnStore({str(tmp_path)!r}, min_group_rows=7)"
     assert not copy._open and not copy._failed
     assert pickle.loads(pickle.dumps(_reader(store).for_workers())).column_store.min_group_rows == 7
 
@@ -629,6 +631,42 @@ def test_the_size_estimate_covers_the_decoded_copy(tmp_path) -> None:
     assert uncompressed * 5 < actual <= column_store_module.arrow_bytes(parquet, ["a"]) <= 2 * actual
 
 
+@pytest.mark.parametrize(
+    ("column", "expected"),
+    [("b", 10 * 1), ("i", 10 * 4), ("l", 10 * 8), ("f", 10 * 4), ("d", 10 * 8), ("t", 10 * 12), ("v", 20 * 4)],
+    ids=["BOOLEAN", "INT32", "INT64", "FLOAT", "DOUBLE", "INT96", "list_of_FLOAT"],
+)
+def test_the_size_estimate_counts_each_value_at_its_width(tmp_path, column: str, expected: int) -> None:
+    """10 rows of each of parquet's fixed-width physical types: 1, 4, 8, 4, 8 and 12 bytes a value (a list's values
+    counted one by one, 2 a row), plus 9 bytes of offsets and validity a row. Column "bi" is left out of "b"'s (a
+    name that only starts with it is another column)."""
+    table = pa.table(
+        {
+            "b": [True] * 10, "bi": pa.array(range(10), pa.int32()), "i": pa.array(range(10), pa.int32()),
+            "l": pa.array(range(10), pa.int64()), "f": pa.array([0.5] * 10, pa.float32()), "d": [0.5] * 10,
+            "t": pa.array(range(10), pa.timestamp("ns")), "v": pa.array([[0.5, 1.5]] * 10, pa.list_(pa.float32())),
+        }
+    )  # fmt: skip
+    pq.write_table(table, tmp_path / "widths.parquet", use_deprecated_int96_timestamps=True)
+    parquet = pq.ParquetFile(tmp_path / "widths.parquet")
+    assert column_store_module.arrow_bytes(parquet, [column]) == expected + 9 * 10
+
+
+@pytest.mark.parametrize(
+    ("values", "buffers"),
+    [([1, 2, 3], [b"\x01\0\0\0\x02\0\0\0\x03\0\0\0"]), ([1, None, 3], [b"\x05", b"\x01\0\0\0\0\0\0\0\x03\0\0\0"])],
+    ids=["no_nulls", "a_null"],
+)
+def test_a_batchs_checksum_is_the_crc32_of_its_buffers(values: list, buffers: list[bytes]) -> None:
+    """The checksum the store writes with each batch, as files already stored hold it: the crc32 of its buffers in
+    order from 0, as 8 hex digits (a column without nulls has no validity buffer; with one, its bitmap 0b101)."""
+    crc = 0
+    for buffer in buffers:
+        crc = zlib.crc32(buffer, crc)
+    batch = column_store_module._as_written(pa.record_batch({"n": pa.array(values, pa.int32())}))
+    assert column_store_module._batch_sum(batch) == b"%08x" % crc
+
+
 def test_prefetching_skips_the_row_groups_of_a_stored_file(tmp_path) -> None:
     import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
     from lerobot_dali.episode_ranges import PARQUET_FOOTER_READ_BYTES, EpisodeRanges
@@ -743,6 +781,25 @@ def test_a_run_of_a_server_without_versions_deletes_the_copies_earlier_runs_left
     _assert_same(_all_episodes(third), direct)
     assert len(_stored_files(tmp_path)) == 2  # the second's still mapped; the first's gone
     assert third.column_store.path_for(third.data_path(0), _stamp(third), _columns(third)) in _stored_files(tmp_path)
+
+
+def test_a_runs_new_copy_is_held_from_its_rename_until_it_is_mapped(tmp_path, monkeypatch) -> None:
+    """A one-run copy is renamed into place before its converter maps it: the converter holds it meanwhile, so
+    another run's converter deleting the copies no process holds (between the two) leaves it."""
+    from lerobot_dali.cache_dirs import delete_unless_held
+
+    remote = _unversioned_run(monkeypatch)
+    remote.column_store = ColumnStore(tmp_path, **SMALL)
+    real_map, deleted = ColumnStore._map, []
+
+    def map_after_another_runs_sweep(self, entry, expected_rows):
+        if entry.target.exists():  # (converted, not yet mapped)
+            deleted.append(delete_unless_held(entry.target))
+        return real_map(self, entry, expected_rows)
+
+    monkeypatch.setattr(ColumnStore, "_map", map_after_another_runs_sweep)
+    _assert_same([remote.read_episode(0)], [_reader(None).read_episode(0)])
+    assert deleted == [False] and len(_stored_files(tmp_path)) == 1
 
 
 _UNVERSIONED_RANK = """
@@ -892,7 +949,11 @@ def test_an_entry_names_no_credential_its_path_keeps_and_keys_a_file_by_its_othe
     assert signed[0].target != signed[1].target and signed[0].target == signed[2].target
     local = "/data/ds/data/f.parquet"
     digest = hashlib.sha256(json.dumps([column_store_module.STORE_FORMAT, local, 100, "etag:1", ["x"]]).encode())
-    assert store.path_for(local, stamp, ["x"]).name == f"{digest.hexdigest()}.arrow"
+    assert store.path_for(local, stamp, ["x"]) == tmp_path / digest.hexdigest()[:2] / f"{digest.hexdigest()}.arrow"
+    # One run's copy: named for the file and columns, then 16 hex digits of the run, in the file's folder.
+    file = hashlib.sha256(json.dumps([column_store_module.STORE_FORMAT, local, ["x"]]).encode()).hexdigest()
+    run = hashlib.sha256(json.dumps(["run:1", 100]).encode()).hexdigest()[:16]
+    assert store.path_for(local, FileStamp(100, "run:1"), ["x"]) == tmp_path / file[:2] / f"{file}.{run}.arrow"
 
 
 def test_the_store_is_wanted_from_its_row_floor_and_ratio_on() -> None:
@@ -970,6 +1031,20 @@ def test_damage_in_a_files_first_batch_is_found_and_named_by_its_rows(tmp_path, 
         assert data.rows(ColumnStore(tmp_path / "store", **SMALL), 100) is None
     [warned] = [r.getMessage() for r in caplog.records]
     assert "rows 0-999 of" in warned and "disagree with their checksum" in warned
+
+
+def test_a_process_maps_a_stored_file_once_and_checks_its_batches_once(tmp_path, monkeypatch) -> None:
+    """Every read of cr5's 12 episodes, twice, slices the one mapping of its copy (one batch of 2,733 rows): its
+    checksum is computed once, not at each read (a read that mapped the file again checked it again)."""
+    _all_episodes(_reader(ColumnStore(tmp_path, **SMALL)))  # (converted by an earlier process)
+    real_sum, summed = column_store_module._batch_sum, []
+    monkeypatch.setattr(column_store_module, "_batch_sum", lambda batch: summed.append(1) or real_sum(batch))
+    reader = _reader(ColumnStore(tmp_path, **SMALL))
+    _all_episodes(reader)
+    [mapped] = reader.column_store._open.values()
+    _assert_same(_all_episodes(reader), _all_episodes(_reader(None)))
+    [again] = reader.column_store._open.values()
+    assert again is mapped and len(summed) == 1
 
 
 def test_the_least_recently_read_entry_is_unmapped_past_max_open(tmp_path) -> None:

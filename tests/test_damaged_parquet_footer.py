@@ -259,3 +259,31 @@ def test_cat_file_resolves_bounds_from_the_end_by_the_stamped_size(make_ds, tmp_
         ("GET", f"bytes={len(data) - 100}-{len(data) - 11}"),
         ("GET", f"bytes=3000-{len(data) - 3001}"),
     ]
+
+
+class _ResetFile(io.BytesIO):
+    """A remote file whose reads fail as the network does: the connection reset (after the retries)."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def _read_through_damaged_parquet_as() -> None:
+    from lerobot_dali.episode_rows import damaged_parquet_as
+
+    with damaged_parquet_as(DataFileError, "data.parquet"):
+        pq.ParquetFile(_ResetFile(b"PAR1" * 4))
+
+
+def _opened_by_open_parquet() -> None:
+    from lerobot_dali.episode_rows import open_parquet
+
+    open_parquet(lambda path: _ResetFile(b"PAR1" * 4), "data.parquet")
+
+
+@pytest.mark.parametrize("read", [_read_through_damaged_parquet_as, _opened_by_open_parquet])
+def test_a_network_failure_reading_a_footer_is_raised_as_itself_not_as_a_damaged_file(read) -> None:
+    """The file is not to blame for a reset connection: re-downloading it is not the fix, so it is not told as
+    a DataFileError (both ways a footer is read)."""
+    with pytest.raises(ConnectionResetError):
+        read()

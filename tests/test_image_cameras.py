@@ -197,6 +197,21 @@ def test_a_missing_image_is_named_by_its_row_in_the_file() -> None:
         image_bytes(column, path="f.parquet", key=CAM0, row_start=10)
 
 
+def test_a_missing_image_of_an_episode_read_is_named_by_its_row_in_the_file(make_ds, copy_ds) -> None:
+    """Read through the reader, the row named is the file's, not the episode's: episode 3 starts at row 7 of its
+    v3.0 file (after episode 2's 7 rows), so its second row's missing image is the file's row 8."""
+    root = copy_ds(_images_dataset(make_ds))
+    path = open_dataset(root).data_path(3)
+    table = pq.read_table(path)
+    images = table[CAM0].to_pylist()
+    images[8] = None
+    pq.write_table(table.set_column(table.schema.get_field_index(CAM0), CAM0, pa.array(images)), path)
+    reader = open_dataset(root)
+    assert int(reader.episodes.data_row_start[3]) == 7
+    with pytest.raises(DataFileError, match=rf": row 8 has no image bytes for '{re.escape(CAM0)}'"):
+        reader.read_episode_images(3, CAM0)
+
+
 def test_an_image_column_of_file_paths_says_what_to_do(make_ds, copy_ds) -> None:
     """Images stored as paths (a datasets.Image written without its bytes embedded, as plain strings) named the
     column's type only."""
