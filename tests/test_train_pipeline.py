@@ -2652,6 +2652,29 @@ def test_a_batch_larger_than_the_dataset_is_refused_before_the_pipeline_is_built
         ]
 
 
+def test_a_batch_larger_than_a_ranks_epoch_is_refused_before_the_pipeline_starts(
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --batch-size within the dataset's frames but larger than a rank's share of them (torchrun, 2 ranks: 120
+    frames each of 240, --batch-size 200) was refused at the first batch, once DALI's pipeline and workers had started
+    (seconds, on every rank), without the count the iterator knew when it was built. Refused once the iterator is
+    built now, naming the rank's samples in an epoch."""
+    from pipelines import train as train_module
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("the pipeline was started")
+
+    monkeypatch.setattr(train_module, "epoch_batches", started)
+    monkeypatch.setattr(train_module, "data_rank", lambda accelerator: (1, 2))  # (rank 1 of 2, in this process)
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "1", "--num-workers", "0"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*args, "--batch-size", "61"]) == 2  # (120 frames: 60 a rank)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        "train.py: rank 1 gets no full batch of 61 from an epoch of 60 samples; lower --batch-size or use a dataset "
+        "with more frames per rank"
+    ]
+
+
 def test_decode_gpu_on_the_cpu_is_a_flag_error() -> None:
     """--decode gpu --device cpu was the iterator's ValueError traceback once the dataset had opened."""
     from pipelines.lerobot_policy import PolicyTrainOptions
