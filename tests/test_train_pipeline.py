@@ -2183,6 +2183,32 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     assert loaded == []
 
 
+def test_resume_with_other_windows_says_only_what_differs_and_long_windows_cut(tmp_path: Path) -> None:
+    """The refusal said both signatures' values whole: --chunk 20 on a checkpoint of ACT's 30-step action window
+    (30 fps) was every offset at 17 digits, the state window both share said twice too (~850 characters); the
+    user had to find the difference. Now the windows that differ alone, floats to 6 digits, long ones cut."""
+    from types import SimpleNamespace
+
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.train import DataPlan, data_signature
+
+    def signature(chunk: int) -> dict[str, Any]:
+        deltas = {"observation.state": [-1 / 30, 0.0], "action": [i / 30 for i in range(chunk)]}
+        windows = dict(chunk=chunk, camera_steps=None, state_steps=2)
+        return data_signature(DataPlan(delta_timestamps=deltas, image_size=None, augment=None, **windows), ["cam"])
+
+    (tmp_path / "stream_rank0.json").write_text(json.dumps({"step": 8, "stream": {}, "data": signature(30)}))
+    iterator = SimpleNamespace(rank=0, load_state_dict=lambda state: None)
+    with pytest.raises(ValueError) as refused:
+        restore_checkpoint(SimpleNamespace(load_state=lambda path: None), tmp_path, iterator, signature(20))
+    assert str(refused.value) == (
+        f"{tmp_path} was trained with other delta_timestamps (delta_timestamps: saved {{'action': [0, 0.0333333, "
+        "0.0666667, ..., 0.966667] (30 values)}, now {'action': [0, 0.0333333, 0.0666667, ..., 0.633333] (20 "
+        "values)}): resume with the same --recipe, --chunk, --image-size, --cameras and --augment, or start in a new "
+        "--checkpoint-dir"
+    )
+
+
 def test_resume_with_other_augmentation_fails_naming_it_and_an_old_checkpoint_resumes(tmp_path: Path) -> None:
     """A resume with another --augment (or recipe [augment]) was accepted, the run silently augmenting otherwise
     than the uninterrupted one (torchrun, 2 ranks: --augment a.json, resumed with b.json, exit 0). The same
