@@ -252,7 +252,7 @@ class TrainOptions:
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
     # lines as written, up to 188 characters, past any terminal)
-    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
+    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False)
     p.add_argument(
         "--dataset",
         required=True,

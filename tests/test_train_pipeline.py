@@ -1619,6 +1619,24 @@ def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_t
     assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
 
 
+@pytest.mark.parametrize("script", ["train", "lerobot_policy"])
+def test_a_flag_argparse_refuses_is_one_line_without_the_usage(
+    script: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value argparse refuses (``--batch-size x``) was argparse's usage, train.py's 16 lines, then the error: on
+    every rank under torchrun (34 lines for 2). Now the error alone, pointing at --help, exit status 2; lerobot-dali's
+    verbs keep argparse's usage (a few lines, one process)."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [f"pipelines/{script}.py"])
+    with pytest.raises(SystemExit) as refused:
+        importlib.import_module(f"pipelines.{script}").parse_args(["--dataset", "d", "--batch-size", "x"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{script}.py: error: argument --batch-size: invalid int value: 'x' ({script}.py --help lists the options)\n"
+    )
+
+
 def _failed(args: list[str], *, procs: int = 1) -> subprocess.CompletedProcess[str]:
     command, env = _command(args, procs=procs)
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
