@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -644,6 +645,46 @@ def test_ctrl_c_while_checking_the_flags_is_one_line_and_status_130(
         pytest.fail(f"the Ctrl-C went through main() ({type(e).__name__}: {e}): a traceback")
     assert status == 130
     assert [r.getMessage() for r in caplog.records] == [f"{script}.py: {_WHILE_STARTING}"]
+
+
+#: A script's module for run_main whose main() returns its argument's status and whose interpreter exit takes long
+#: (as a training script's does: seconds), saying when it has begun.
+_SLOW_EXIT_SCRIPT = """
+import atexit, pathlib, sys, time
+
+def main():
+    atexit.register(slow_exit)
+    return int(sys.argv[2])
+
+def slow_exit():
+    pathlib.Path(sys.argv[1]).write_text("exiting")
+    time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize(("status", "signum"), [(0, signal.SIGTERM), (75, signal.SIGUSR1), (2, signal.SIGTERM)])
+def test_a_preemption_signal_in_the_interpreters_exit_keeps_the_scripts_status(
+    status: int, signum: int, tmp_path: Path
+) -> None:
+    """A run that had trained, saved and closed took seconds more to exit (3.1 s after main() returned, on 2
+    cores), and a SIGTERM then (a job's time limit as it ended, walked by hand) killed it: status 143,
+    nothing said, a finished run read as a killed one (a preempted run's 75 too). run_main ignores the signals once
+    main() has returned: the process ends with its status. (Ignored: a handler would be set back to the default by
+    Python's finalisation; one ended a preempted rank that torchrun sent SIGTERM to, -15 for 75.)"""
+    (tmp_path / "slow_exit_script.py").write_text(_SLOW_EXIT_SCRIPT)
+    marker = tmp_path / "exiting"
+    code = "from pipelines.interrupts import run_main; run_main('slow_exit_script', 'script.py', 'script')"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    process = subprocess.Popen([sys.executable, "-c", code, str(marker), str(status)], env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), process.poll()
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == status
+    finally:
+        process.kill()
 
 
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
