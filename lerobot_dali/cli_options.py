@@ -71,11 +71,15 @@ class ArgumentParser(argparse.ArgumentParser):
     as ``--image-size=-1x5`` did, where argparse up to Python 3.13 took those alone that are whole numbers (``-1``,
     ``-0.5``) and stopped at "expected one argument". This is the rule of Python 3.14's argparse, and holds while no
     option of the parser looks like a negative number (none does); ``-inf`` and ``-nan``, which ``float`` reads, are
-    values too (the parsers have no one-dash options)."""
+    values too (the parsers have no one-dash options).
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    ``usage_on_error=False`` (the training scripts, which a launcher starts on every rank): a mistake is its one line
+    and a pointer to ``--help``, not after the usage (train.py's 16 lines, on each rank under torchrun)."""
+
+    def __init__(self, *args: Any, usage_on_error: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.usage_on_error = usage_on_error
         self._negative_number_matcher = re.compile(r"-\.?\d|-(inf|infinity|nan)$", re.IGNORECASE)
 
     def error(self, message: str) -> NoReturn:
@@ -89,6 +93,8 @@ class ArgumentParser(argparse.ArgumentParser):
                 " (given after an option of several values, such as --cameras, --episodes or --tolerance-s, it was "
                 "taken as one of them: give DATASET, and OUT, before such options)"
             )
+        if not self.usage_on_error:
+            self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
         super().error(message)
 
 

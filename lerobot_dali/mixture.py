@@ -117,6 +117,24 @@ def batch_shares(weights: Sequence[float], total: int) -> tuple[int, ...]:
     return tuple(int(s) for s in shares)
 
 
+def _warn_of_raised_shares(weights: Sequence[float], shares: Sequence[int], names: Sequence[str]) -> None:
+    """Warn of each dataset whose share of a batch the minimum of 1 (:func:`batch_shares`) raised past its weight's,
+    one that rounds to 0: weights 1 and 100 in a batch of 4 read the first dataset as 1 of 4 samples (25%), not 1%,
+    said only by the mixture's INFO line of shares. The warning names the batch size from which its weight's share is
+    a sample or more."""
+    w = np.asarray([float(x) for x in weights])
+    total = sum(shares)
+    for name, weight, share in zip(names, w.tolist(), shares, strict=True):
+        exact = weight / w.sum() * total
+        if exact < 0.5 < share:  # (rounded, it would be 0)
+            warn_once(logger,
+                "the mixture's weights (its datasets' frames where none are given) give %s %.3g of each batch of %d "
+                "(%.3g%%), but every dataset has at least 1 "
+                "sample a batch: it gets %d (%.3g%%); a batch_size of %d or more holds it to its weight",
+                name, exact, total, 100 * exact / total, share, 100 * share / total, math.ceil(w.sum() / weight),
+            )  # fmt: skip
+
+
 def _in_lowest_terms(weights: np.ndarray) -> np.ndarray:
     """``weights`` as the smallest integers in their ratio, where each, or each over the largest, is a fraction of
     denominator up to :data:`_DENOMINATOR` (``[1, 3]``, ``[0.25, 0.75]``, ``[0.1, 0.1 * 3]`` and ``[1e-8, 3e-8]``
@@ -280,6 +298,7 @@ class DALILeRobotMixture:
             ", ".join(f"{n} of {r.location.description}" for n, r in zip(self.batch_shares, readers, strict=True)),
             readers[self.anchor].location.description, len(self), list(workers),
         )  # fmt: skip
+        _warn_of_raised_shares(weights, self.batch_shares, [r.location.description for r in readers])
         for reader, rename in zip(readers, self.renames, strict=True):
             if rename:
                 say_once(logger, logging.INFO, "mixture: %s keys renamed %s", reader.location.description,

@@ -522,6 +522,36 @@ def _merged(streams: list[Mapping[str, Any]]) -> Mapping[str, Any]:
 DATA_OPTIONS = "--recipe, --chunk, --image-size, --cameras and --augment"
 
 
+#: The most values of a list said whole: a longer one is its first three, "..." and its last, with its length.
+SAID_VALUES = 6
+
+
+def said_apart(saved: Any, now: Any) -> tuple[str, str]:
+    """``saved`` and ``now``, a checkpoint's record of a setting and this run's, as a refusal says them: of two
+    dicts only the entries that differ, floats to 6 digits and long lists cut (:data:`SAID_VALUES`). The values were
+    said whole, every window in full at 17 digits: ``--chunk 5`` on a checkpoint of 10 was 300 characters of
+    ``0.03333333333333333, 0.06666666666666667, ...``, ``--chunk 20`` on ACT's 30 steps 800, and the windows both
+    share were said too. Said whole where the short forms read alike (a difference past 6 digits)."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        keys = [k for k in dict.fromkeys([*saved, *now]) if k not in saved or k not in now or saved[k] != now[k]]
+        apart = _said({k: saved[k] for k in keys if k in saved}), _said({k: now[k] for k in keys if k in now})
+    else:
+        apart = _said(saved), _said(now)
+    return apart if apart[0] != apart[1] else (repr(saved), repr(now))
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_said(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        if len(value) <= SAID_VALUES:
+            return "[" + ", ".join(_said(v) for v in value) + "]"
+        return "[" + ", ".join([*map(_said, value[:3]), "...", _said(value[-1])]) + f"] ({len(value)} values)"
+    return repr(value)
+
+
 def restore_checkpoint(
     accelerator: Any,
     directory: Path,
@@ -550,7 +580,7 @@ def restore_checkpoint(
         if differ:
             raise RunRefused(
                 f"{directory} was trained with other {', '.join(differ)} ("
-                + "; ".join(f"{k}: saved {recorded[k]}, now {data[k]}" for k in differ)
+                + "; ".join(f"{k}: saved {{}}, now {{}}".format(*said_apart(recorded[k], data[k])) for k in differ)
                 + f"): resume with the same {data_options}, or start in a new "
                 "--checkpoint-dir"
             )

@@ -167,7 +167,7 @@ def _policy_arg(text: str) -> tuple[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
-    parser = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
+    parser = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False)
     parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
     parser.add_argument("--revision", help="with a Hub repo id: the branch, tag or commit (metadata and data alike)")
     parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pipelines.checkpoints import latest_saved_step, save_checkpoint
-from pipelines.interrupts import Interrupted
+from pipelines.interrupts import PREEMPTION_SIGNALS, Interrupted
 
 if TYPE_CHECKING:
     from pipelines.progress import FiniteLoss
@@ -40,9 +40,6 @@ logger = logging.getLogger("pipelines.train")
 #: Exit status of a run stopped by a preemption signal once its checkpoint is saved (sysexits' EX_TEMPFAIL: try
 #: again later), so a job script can tell it from a failure and relaunch with ``--resume``.
 EXIT_PREEMPTED = 75
-#: What schedulers send before they kill a job: SIGTERM (SLURM at the time limit or scancel, Kubernetes, spot
-#: instances' shutdown, torchrun passing on its own), SIGUSR1 (SLURM's ``--signal``, ahead of time).
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 class Preempted(Exception):

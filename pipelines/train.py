@@ -252,7 +252,7 @@ class TrainOptions:
 def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
     # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
     # lines as written, up to 188 characters, past any terminal)
-    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]))
+    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False)
     p.add_argument(
         "--dataset",
         required=True,
@@ -822,12 +822,28 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
             raise no_full_batch(iterator.rank, iterator.batch_size)
 
 
-def no_full_batch(rank: int, batch_size: int) -> RunRefused:
-    """The refusal of a ``--batch-size`` larger than a rank's samples in an epoch."""
+def no_full_batch(rank: int, batch_size: int, samples: int | None = None) -> RunRefused:
+    """The refusal of a ``--batch-size`` larger than a rank's samples in an epoch (``samples``, where known)."""
+    counted = "" if samples is None else f" of {samples} samples"
     return RunRefused(
-        f"rank {rank} gets no full batch of {batch_size} from an epoch; lower --batch-size or use a dataset with more "
-        "frames per rank"
+        f"rank {rank} gets no full batch of {batch_size} from an epoch{counted}; lower --batch-size or use a dataset "
+        "with more frames per rank"
     )
+
+
+def refuse_short_epochs(iterator: Any, batch_size: int) -> None:
+    """:func:`no_full_batch` where neither this epoch nor the next holds ``batch_size`` of this rank's samples, as
+    the iterator counts them before it starts: a batch larger than a rank's share of the dataset (on several ranks;
+    larger than the whole dataset is refused before the iterator is built) was refused at the first batch, once
+    DALI's pipeline and workers had started, its epoch's count unsaid. (Two epochs, as :func:`epoch_batches`: ranks'
+    counts differ a little between epochs. A mixture's shares are its datasets' iterators': found at the first
+    batch.)"""
+    epoch_samples = getattr(iterator, "epoch_samples", None)
+    if epoch_samples is None or epoch_samples(iterator.epoch) >= batch_size:
+        return
+    following = epoch_samples(iterator.epoch + 1)
+    if following < batch_size:
+        raise no_full_batch(iterator.rank, batch_size, max(following, epoch_samples(iterator.epoch)))
 
 
 def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
@@ -900,6 +916,7 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: TrainOption
         iterator = build_iterator(
             readers, plan, options, rank=rank, world_size=world_size, device=iterator_device(accelerator.device)
         )
+        refuse_short_epochs(iterator, options.batch_size)
         policy = build_policy(readers, plan, iterator.camera_channels, getattr(iterator, "batch_shares", None), renames)
         optimizer = torch.optim.AdamW(policy.parameters(), lr=options.lr)
         # Only the model and optimiser go through prepare; the iterator is already rank-disjoint (see module doc).

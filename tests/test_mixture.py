@@ -127,6 +127,27 @@ def test_a_state_saved_with_weights_scaled_otherwise_resumes(make_ds) -> None:
         mix.close()
 
 
+def test_a_share_the_minimum_of_one_raises_past_its_weight_is_warned_of(make_ds, caplog) -> None:
+    """``--weights 1 100`` at ``--batch-size 4`` read the first dataset as 1 sample of 4 (25%, not 1%), said only by
+    the INFO line of shares; now a warning names it and the batch size that holds it to its weight. Shares that
+    round to their weights (16 and 29 frames in 4, the default weights: 1 and 3) are not warned of."""
+    paths = _datasets(make_ds)
+    for weights, batch, warned in (([1, 100], 4, True), (None, 4, False), ([1, 3], 4, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lerobot_dali.mixture"):
+            DALILeRobotMixture(paths, batch_size=batch, weights=weights, device="cpu", num_workers=0).close()
+        said = [r.getMessage() for r in caplog.records if "at least 1 sample a batch" in r.getMessage()]
+        assert said == (
+            [
+                f"the mixture's weights (its datasets' frames where none are given) give {paths[0]} 0.0396 of each "
+                "batch of 4 (0.99%), but every dataset has at least 1 sample a batch: it gets 1 (25%); a batch_size "
+                "of 101 or more holds it to its weight"
+            ]
+            if warned
+            else []
+        ), (weights, batch)
+
+
 def test_a_long_build_of_the_datasets_pipelines_is_said_once_for_all(make_ds, caplog, monkeypatch) -> None:
     """The datasets' pipelines build side by side: each said its own start and end (12 lines for 6 datasets), now
     one pair for all, their worker processes summed."""

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -644,6 +645,46 @@ def test_ctrl_c_while_checking_the_flags_is_one_line_and_status_130(
         pytest.fail(f"the Ctrl-C went through main() ({type(e).__name__}: {e}): a traceback")
     assert status == 130
     assert [r.getMessage() for r in caplog.records] == [f"{script}.py: {_WHILE_STARTING}"]
+
+
+#: A script's module for run_main whose main() returns its argument's status and whose interpreter exit takes long
+#: (as a training script's does: seconds), saying when it has begun.
+_SLOW_EXIT_SCRIPT = """
+import atexit, pathlib, sys, time
+
+def main():
+    atexit.register(slow_exit)
+    return int(sys.argv[2])
+
+def slow_exit():
+    pathlib.Path(sys.argv[1]).write_text("exiting")
+    time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize(("status", "signum"), [(0, signal.SIGTERM), (75, signal.SIGUSR1), (2, signal.SIGTERM)])
+def test_a_preemption_signal_in_the_interpreters_exit_keeps_the_scripts_status(
+    status: int, signum: int, tmp_path: Path
+) -> None:
+    """A run that had trained, saved and closed took seconds more to exit (3.1 s after main() returned, on 2
+    cores), and a SIGTERM then (a job's time limit as it ended, walked by hand) killed it: status 143,
+    nothing said, a finished run read as a killed one (a preempted run's 75 too). run_main ignores the signals once
+    main() has returned: the process ends with its status. (Ignored: a handler would be set back to the default by
+    Python's finalisation; one ended a preempted rank that torchrun sent SIGTERM to, -15 for 75.)"""
+    (tmp_path / "slow_exit_script.py").write_text(_SLOW_EXIT_SCRIPT)
+    marker = tmp_path / "exiting"
+    code = "from pipelines.interrupts import run_main; run_main('slow_exit_script', 'script.py', 'script')"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    process = subprocess.Popen([sys.executable, "-c", code, str(marker), str(status)], env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), process.poll()
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == status
+    finally:
+        process.kill()
 
 
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
@@ -1619,6 +1660,24 @@ def test_mistakes_in_flags_recipe_and_augment_files_are_one_line_errors_before_t
     assert len(errors) == 1 and re.match(r"train\.py: " + message, errors[0]), errors
 
 
+@pytest.mark.parametrize("script", ["train", "lerobot_policy"])
+def test_a_flag_argparse_refuses_is_one_line_without_the_usage(
+    script: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value argparse refuses (``--batch-size x``) was argparse's usage, train.py's 16 lines, then the error: on
+    every rank under torchrun (34 lines for 2). Now the error alone, pointing at --help, exit status 2; lerobot-dali's
+    verbs keep argparse's usage (a few lines, one process)."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [f"pipelines/{script}.py"])
+    with pytest.raises(SystemExit) as refused:
+        importlib.import_module(f"pipelines.{script}").parse_args(["--dataset", "d", "--batch-size", "x"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err == (
+        f"{script}.py: error: argument --batch-size: invalid int value: 'x' ({script}.py --help lists the options)\n"
+    )
+
+
 def _failed(args: list[str], *, procs: int = 1) -> subprocess.CompletedProcess[str]:
     command, env = _command(args, procs=procs)
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
@@ -2183,6 +2242,32 @@ def test_resume_with_other_windows_fails_naming_them_before_the_model_loads(tmp_
     assert loaded == []
 
 
+def test_resume_with_other_windows_says_only_what_differs_and_long_windows_cut(tmp_path: Path) -> None:
+    """The refusal said both signatures' values whole: --chunk 20 on a checkpoint of ACT's 30-step action window
+    (30 fps) was every offset at 17 digits, the state window both share said twice too (~850 characters); the
+    user had to find the difference. Now the windows that differ alone, floats to 6 digits, long ones cut."""
+    from types import SimpleNamespace
+
+    from pipelines.checkpoints import restore_checkpoint
+    from pipelines.train import DataPlan, data_signature
+
+    def signature(chunk: int) -> dict[str, Any]:
+        deltas = {"observation.state": [-1 / 30, 0.0], "action": [i / 30 for i in range(chunk)]}
+        windows = dict(chunk=chunk, camera_steps=None, state_steps=2)
+        return data_signature(DataPlan(delta_timestamps=deltas, image_size=None, augment=None, **windows), ["cam"])
+
+    (tmp_path / "stream_rank0.json").write_text(json.dumps({"step": 8, "stream": {}, "data": signature(30)}))
+    iterator = SimpleNamespace(rank=0, load_state_dict=lambda state: None)
+    with pytest.raises(ValueError) as refused:
+        restore_checkpoint(SimpleNamespace(load_state=lambda path: None), tmp_path, iterator, signature(20))
+    assert str(refused.value) == (
+        f"{tmp_path} was trained with other delta_timestamps (delta_timestamps: saved {{'action': [0, 0.0333333, "
+        "0.0666667, ..., 0.966667] (30 values)}, now {'action': [0, 0.0333333, 0.0666667, ..., 0.633333] (20 "
+        "values)}): resume with the same --recipe, --chunk, --image-size, --cameras and --augment, or start in a new "
+        "--checkpoint-dir"
+    )
+
+
 def test_resume_with_other_augmentation_fails_naming_it_and_an_old_checkpoint_resumes(tmp_path: Path) -> None:
     """A resume with another --augment (or recipe [augment]) was accepted, the run silently augmenting otherwise
     than the uninterrupted one (torchrun, 2 ranks: --augment a.json, resumed with b.json, exit 0). The same
@@ -2650,6 +2735,29 @@ def test_a_batch_larger_than_the_dataset_is_refused_before_the_pipeline_is_built
             f"train.py: rank 0 gets no full batch of {batch} from an epoch; lower --batch-size or use a dataset with "
             "more frames per rank"
         ]
+
+
+def test_a_batch_larger_than_a_ranks_epoch_is_refused_before_the_pipeline_starts(
+    make_ds: Callable[..., Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A --batch-size within the dataset's frames but larger than a rank's share of them (torchrun, 2 ranks: 120
+    frames each of 240, --batch-size 200) was refused at the first batch, once DALI's pipeline and workers had started
+    (seconds, on every rank), without the count the iterator knew when it was built. Refused once the iterator is
+    built now, naming the rank's samples in an epoch."""
+    from pipelines import train as train_module
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("the pipeline was started")
+
+    monkeypatch.setattr(train_module, "epoch_batches", started)
+    monkeypatch.setattr(train_module, "data_rank", lambda accelerator: (1, 2))  # (rank 1 of 2, in this process)
+    args = [*COMMON, "--dataset", str(make_ds(**EVEN)), "--steps", "1", "--num-workers", "0"]
+    with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+        assert train_module.main([*args, "--batch-size", "61"]) == 2  # (120 frames: 60 a rank)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [
+        "train.py: rank 1 gets no full batch of 61 from an epoch of 60 samples; lower --batch-size or use a dataset "
+        "with more frames per rank"
+    ]
 
 
 def test_decode_gpu_on_the_cpu_is_a_flag_error() -> None:
