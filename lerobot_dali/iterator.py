@@ -301,9 +301,10 @@ class DALILeRobotIterator:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
         a small /dev/shm, an unbalanced epoch that leaves samples out, an epoch too short for one batch."""
         logger.info(
-            "%s: rank %d/%d (%s): %d samples per epoch, routes %s, %d DALI threads",
-            self.reader.location.description, self.rank, self.world_size, rank_source, self._stream.num_samples(),
-            {k: r.value for k, r in self.routes.items()}, self._dali_threads,
+            "%s: rank %d/%d (%s): %s per epoch, routes %s, %s",
+            self.reader.location.description, self.rank, self.world_size, rank_source,
+            counted(self._stream.num_samples(), "sample"), {k: r.value for k, r in self.routes.items()},
+            counted(self._dali_threads, "DALI thread"),
         )  # fmt: skip
         shm = shm_bytes()
         if self._num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead

@@ -49,6 +49,7 @@ from .said_once import say_once, warn_once
 from .sample_order import ConsumedSegment, OrderOptions, RankBalance, ResumedEpoch, SampleOrder
 from .saved_walk import SavedWalk, pools_from_lists, pools_to_lists
 from .value_checks import check_int_fields, is_int, plain_data
+from .wording import counted
 
 __all__ = ["SampleStream", "StreamState", "merge_rank_states"]
 
@@ -512,10 +513,10 @@ class SampleStream:
         old = None
         if state.world_size != world_size:
             warn_once(logger,
-                "resuming epoch %d on %d ranks, saved on %d: the rest of the epoch is re-sharded over what "
+                "resuming epoch %d on %s, saved on %d: the rest of the epoch is re-sharded over what "
                 "the old ranks had not consumed (none of it is read twice, beyond rank_balance's padding); later "
                 "epochs follow the new world size",
-                epoch, world_size, state.world_size,
+                epoch, counted(world_size, "rank"), state.world_size,
             )  # fmt: skip
             old = SampleOrder(
                 self._lengths,
@@ -535,9 +536,9 @@ class SampleStream:
             _start_saved_walk(state, order)
         else:
             logger.debug(
-                "resuming on %d ranks a state saved on %d: every old rank's pool is replayed to its position but "
+                "resuming on %s a state saved on %d: every old rank's pool is replayed to its position but "
                 "ranks %s, whose walks the state carries",
-                world_size, state.world_size, sorted(walk.rank for walk in state.walks) or "-",
+                counted(world_size, "rank"), state.world_size, sorted(walk.rank for walk in state.walks) or "-",
             )  # fmt: skip
             order.resume_from(old, state.walks)
         return order, (epoch, consumed)

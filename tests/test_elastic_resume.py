@@ -512,3 +512,20 @@ def _frame_count(path: Path) -> int:
     from lerobot_dali import open_dataset
 
     return int(open_dataset(path).episodes.length.sum())
+
+
+@pytest.mark.parametrize(
+    ("saved_on", "now_on", "said"), [(2, 1, "on 1 rank, saved on 2"), (1, 3, "on 3 ranks, saved on 1")]
+)
+def test_a_resume_on_another_world_size_says_its_ranks_counted(
+    saved_on: int, now_on: int, said: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning counts the ranks in words that fit the number ("on 1 ranks" was said)."""
+    lengths = np.array([30, 40, 50])
+    saved = SampleStream(lengths, rank=0, world_size=saved_on, batch_size=4, options=OrderOptions(seed=3))
+    saved.next_batch()
+    caplog.set_level(logging.WARNING, logger="lerobot_dali")
+    SampleStream(lengths, rank=0, world_size=now_on, batch_size=4, options=OrderOptions(seed=3)).load_state_dict(
+        saved.state_dict()
+    )
+    assert f"resuming epoch 0 {said}: the rest of the epoch is re-sharded" in caplog.text, caplog.text

@@ -632,9 +632,10 @@ def test_the_build_line_names_the_dataset_and_where_its_rank_came_from(
         it = DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, **ranks)
         it.close()
     lines = [r.getMessage() for r in caplog.records if "samples per epoch" in r.getMessage()]
+    threads = f"{it._dali_threads} DALI thread{'' if it._dali_threads == 1 else 's'}"  # (1 DALI thread, not threads)
     assert lines == [
         f"{it.reader.location.description}: {said}: {it._stream.num_samples()} samples per epoch, routes "
-        f"{ {k: r.value for k, r in it.routes.items()} }, {it._dali_threads} DALI threads"
+        f"{ {k: r.value for k, r in it.routes.items()} }, {threads}"
     ]
     assert str(root) in lines[0]
 
