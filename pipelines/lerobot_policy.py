@@ -85,6 +85,7 @@ from pipelines.train import (
     iterator_device,
     make_accelerator,
     read_lerobot_image_transforms,
+    refuse_short_epochs,
 )
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
@@ -377,6 +378,7 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
             drop_n_last_frames=getattr(accelerator.unwrap_model(policy).config, "drop_n_last_frames", None) or 0,
             augment=augment,
         )  # fmt: skip
+        refuse_short_epochs(iterator, options.batch_size)  # (before the pipeline starts, as train.py's)
         # What a resume must keep: the policy's shapes, the windows and the frames' augmentation follow these.
         # (a key per config field, so a mismatch names the field)
         config = config_signature(accelerator.unwrap_model(policy).config)

@@ -1537,6 +1537,29 @@ def test_the_lerobot_policy_pipeline_trains_and_saves(
 
 
 @needs_lerobot_04
+def test_a_batch_larger_than_a_ranks_epoch_is_refused_before_the_lerobot_policy_pipeline_starts(
+    lerobot_written, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As train.py's: a --batch-size within the dataset's frames (90) but past rank 1 of 2's share is refused once the
+    iterator is built, naming the rank's samples (episodes dealt: 42 and 48 frames, each rank padded to 48), not at the
+    first batch once DALI's workers had started."""
+    from pipelines import lerobot_policy
+    from pipelines.run_errors import SetupError
+
+    def started(*args: object, **kwargs: object) -> None:
+        pytest.fail("the pipeline was started")
+
+    monkeypatch.setattr(lerobot_policy, "epoch_batches", started)
+    monkeypatch.setattr(lerobot_policy, "data_rank", lambda accelerator: (1, 2))  # (rank 1 of 2, in this process)
+    options = lerobot_policy.PolicyTrainOptions(
+        dataset=str(lerobot_written("libsvtav1", True)), policy="act", policy_args=TINY_POLICIES["act"],
+        steps=1, batch_size=49, num_workers=0, device="cpu",
+    )  # fmt: skip
+    with pytest.raises(SetupError, match=r"^rank 1 gets no full batch of 49 from an epoch of 48 samples; lower"):
+        lerobot_policy.train(options)
+
+
+@needs_lerobot_04
 def test_the_lerobot_policy_pipeline_resumes_exactly(lerobot_written, tmp_path: Path) -> None:
     """Steps 3-4 after a resume at step 2 give the losses of an uninterrupted run: the stream position, the
     weights, the optimiser and the dropout's RNG all come back."""
