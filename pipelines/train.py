@@ -824,9 +824,9 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
 
 def no_full_batch(rank: int, batch_size: int, samples: int | None = None) -> RunRefused:
     """The refusal of a ``--batch-size`` larger than a rank's samples in an epoch (``samples``, where known)."""
-    counted = "" if samples is None else f" of {samples} samples"
+    of = "" if samples is None else f" of {samples} samples"
     return RunRefused(
-        f"rank {rank} gets no full batch of {batch_size} from an epoch{counted}; lower --batch-size or use a dataset "
+        f"rank {rank} gets no full batch of {batch_size} from an epoch{of}; lower --batch-size or use a dataset "
         "with more frames per rank"
     )
 
@@ -839,11 +839,14 @@ def refuse_short_epochs(iterator: Any, batch_size: int) -> None:
     counts differ a little between epochs. A mixture's shares are its datasets' iterators': found at the first
     batch.)"""
     epoch_samples = getattr(iterator, "epoch_samples", None)
-    if epoch_samples is None or epoch_samples(iterator.epoch) >= batch_size:
+    if epoch_samples is None:
+        return
+    now = epoch_samples(iterator.epoch)
+    if now >= batch_size:  # (the common case: the next epoch's order is not dealt at start-up)
         return
     following = epoch_samples(iterator.epoch + 1)
     if following < batch_size:
-        raise no_full_batch(iterator.rank, batch_size, max(following, epoch_samples(iterator.epoch)))
+        raise no_full_batch(iterator.rank, batch_size, max(now, following))
 
 
 def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
