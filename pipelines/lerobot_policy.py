@@ -13,11 +13,12 @@ environment::
 
 Checkpoints are ``pipelines/train.py``'s (``pipelines/checkpoints.py``): model, optimiser, schedule and RNG through
 accelerate, each rank's stream position, and the policy config, windows and image transforms they were trained with;
-``--resume`` continues exactly where the last one stopped. So is the rest of the run's handling, from the pieces
-``pipelines/train.py`` uses: a preemption signal (SIGTERM, SIGUSR1) on any rank stops every rank at the same step
-boundary (``pipelines/preemption.py``), saves a checkpoint there (``--output-dir`` is left to the resumed run) and
-exits with status 75 (``EXIT_PREEMPTED``; rerun with ``--resume``), and lerobot-dali's errors about the dataset or the
-checkpoint while the run is set up are one logged line on each rank and exit status 2 (``pipelines/run_errors.py``).
+``--resume`` continues exactly where the last one stopped. So are the loop (``pipelines/training_loop.py``) and the
+rest of the run's handling, from the pieces ``pipelines/train.py`` uses: a preemption signal (SIGTERM, SIGUSR1) on any
+rank stops every rank at the same step boundary (``pipelines/preemption.py``), saves a checkpoint there
+(``--output-dir`` is left to the resumed run) and exits with status 75 (``EXIT_PREEMPTED``; rerun with ``--resume``),
+and lerobot-dali's errors about the dataset or the checkpoint while the run is set up are one logged line on each rank
+and exit status 2 (``pipelines/run_errors.py``).
 
 ``--cameras``, ``--timestamp-source`` and ``--tolerance-s`` are ``pipelines/train.py``'s (one value each), so it reads
 datasets such as ``cr5_*`` (``--timestamp-source frame_index``); the policy is built with the cameras read.
@@ -32,7 +33,6 @@ them). They run on the device in the DALI graph, mapped by ``AugmentConfig.from_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import fnmatch
 import importlib.util
 import json
@@ -70,13 +70,10 @@ from pipelines.checkpoints import (
     staged_folder,
 )
 from pipelines.interrupts import Interrupted, configure_logging, said
-from pipelines.preemption import PreemptibleLoop
-from pipelines.progress import FiniteLoss, Throughput, log_progress
 from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
     SHARE_CLIPS_HELP,
     add_reading_options,
-    camera_frames,
     check_decode,
     check_seed,
     data_rank,
@@ -87,6 +84,7 @@ from pipelines.train import (
     read_lerobot_image_transforms,
     refuse_short_epochs,
 )
+from pipelines.training_loop import run_steps
 
 logger = logging.getLogger("lerobot_dali.pipelines.lerobot_policy")
 
@@ -392,12 +390,12 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
                 accelerator, options.checkpoint_dir, iterator, data, steps=options.steps,
                 data_options="--policy, --policy-arg, --image-transforms and --image-transforms-config",
             )  # fmt: skip
-    start_step = step
-    logger.info(
-        "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
-        rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
-        augment_signature(augment) or "none",
-    )  # fmt: skip
+    if step < options.steps:  # (else resume_latest said there is nothing to train)
+        logger.info(
+            "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
+            rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
+            augment_signature(augment) or "none",
+        )  # fmt: skip
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU
 
@@ -406,43 +404,25 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
             losses.extend(torch.stack(pending).float().cpu().tolist())
             pending.clear()
 
-    meter = Throughput()
+    def train_step(batch: dict[str, Any]) -> torch.Tensor:
+        loss, _ = policy(preprocessor(batch))
+        accelerator.backward(loss)
+        if optimizer_config.grad_clip_norm:
+            accelerator.clip_grad_norm_(policy.parameters(), optimizer_config.grad_clip_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
+        if hasattr(accelerator.unwrap_model(policy), "update"):  # target networks, EMA (TD-MPC)
+            accelerator.unwrap_model(policy).update()
+        pending.append(loss.detach())
+        return loss
+
     policy.train()
-    batches = epoch_batches(iterator)
-    finite = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
-    loop = PreemptibleLoop(
-        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=finite,
-        keep_checkpoints=options.keep_checkpoints,
+    step, loop = run_steps(
+        accelerator, iterator, epoch_batches(iterator), train_step, step=step, options=options, data=data,
+        cameras=metadata.camera_keys, remedy=NOT_FINITE_REMEDY, after_log=read_back,
     )  # fmt: skip
-    with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
-        while step < options.steps:
-            got = loop.next_batch(batches, step)
-            if got is None:  # a preemption signal: every rank stops at this step
-                break
-            batch, wait_s = got
-            step += 1
-            loss, _ = policy(preprocessor(batch))
-            accelerator.backward(loss)
-            if optimizer_config.grad_clip_norm:
-                accelerator.clip_grad_norm_(policy.parameters(), optimizer_config.grad_clip_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if scheduler is not None:
-                scheduler.step()
-            if hasattr(accelerator.unwrap_model(policy), "update"):  # target networks, EMA (TD-MPC)
-                accelerator.unwrap_model(policy).update()
-            pending.append(loss.detach())
-            finite.note(loss, step)
-            if step == start_step + 1:
-                meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
-            else:
-                meter.add(len(batch["index"]), camera_frames(batch, metadata.camera_keys), wait_s)
-            if step % options.log_every == 0 or step == options.steps:
-                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size, finite)
-                read_back()
-            loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
-        loop.stop(step)
-        finite.check(step)  # (the end: checked already at the last step; a preempted run's last step may not be)
     with loop.finishing(step):
         read_back()
         # (a preempted run's policy is not the trained one: the resumed run saves that)

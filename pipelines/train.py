@@ -19,9 +19,9 @@ exact next sample of every rank. ``CKPT`` must be visible to all nodes.
 
 Preemption (``pipelines/preemption.py``): SIGTERM or SIGUSR1 (a scheduler's notice before it kills the job) on any
 rank stops every rank at the same step boundary, saves a checkpoint there and exits with status
-:data:`~pipelines.preemption.EXIT_PREEMPTED`; rerun with ``--resume`` (:class:`~pipelines.preemption.PreemptibleLoop`,
-which ``pipelines/lerobot_policy.py``'s loop shares). The loss's checks and the progress lines are
-``pipelines/progress.py``'s, the errors said in one line ``pipelines/run_errors.py``'s.
+:data:`~pipelines.preemption.EXIT_PREEMPTED`; rerun with ``--resume`` (:class:`~pipelines.preemption.PreemptibleLoop`).
+The loop is ``pipelines/training_loop.py``'s, which ``pipelines/lerobot_policy.py`` shares; the loss's checks and the
+progress lines are ``pipelines/progress.py``'s, the errors said in one line ``pipelines/run_errors.py``'s.
 
 Mixtures: ``--dataset A B ... [--weights ...]`` reads several datasets through ``DALILeRobotMixture``, every
 batch a fixed share of each; the policy's normalisation pools their statistics by those shares. ``--rename-map``
@@ -40,7 +40,6 @@ a sample is the current frame of every camera, the current state and ``--chunk``
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -82,6 +81,7 @@ from lerobot_dali.new_folder import refuse_inside_datasets, refuse_unwritable
 from lerobot_dali.open_files import refuse_workers_past_open_files
 from lerobot_dali.sample_order import DEFAULT_EPISODE_POOL_SIZE
 from lerobot_dali.value_checks import check_choice, check_int_fields, check_seconds, cli_flag, is_int, is_number
+from lerobot_dali.wording import counted
 from pipelines.checkpoints import (
     augment_signature,
     check_checkpoint_dir,
@@ -91,9 +91,10 @@ from pipelines.checkpoints import (
 )
 from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
-from pipelines.preemption import PREEMPTION_SIGNALS, Preempted, PreemptibleLoop
-from pipelines.progress import SKIPPED_IN_A_ROW, FiniteLoss, RunRecord, Throughput, log_progress
+from pipelines.preemption import PREEMPTION_SIGNALS, Preempted
+from pipelines.progress import SKIPPED_IN_A_ROW, RunRecord
 from pipelines.run_errors import RunRefused, SetupError, setting_up
+from pipelines.training_loop import run_steps
 
 if TYPE_CHECKING:
     from lerobot_dali.augment_config import AugmentConfig
@@ -105,7 +106,7 @@ _DEVICES = ("cpu", "cuda")
 _PRECISIONS = ("no", "fp16", "bf16")
 DEFAULT_CHUNK = 10
 """Actions per sample when neither ``--chunk`` nor a recipe's ``[action]`` window says."""
-#: What to do about a loss that is not finite, in ``train.py``'s flags (:class:`FiniteLoss`' ``remedy``).
+#: What to do about a loss not finite, in ``train.py``'s flags (:class:`~pipelines.progress.FiniteLoss`' ``remedy``).
 NOT_FINITE_REMEDY = "mend the data files or train on episodes without such rows (--episodes), or lower --lr"
 #: The largest ``--seed``: accelerate's ``set_seed`` seeds numpy's legacy generator, which takes 0 to 2**32 - 1.
 MAX_SEED = 2**32 - 1
@@ -691,7 +692,7 @@ def feature_stats(
     aggregated per-episode statistics; ``stats`` when the caller read them already), else from up to
     ``max_episodes`` episodes spread over the dataset. Identical on every rank: no data order involved. Rows of those
     episodes that are not finite are refused (the mean and std would be NaN); the other episodes' reach the batches
-    as stored, as LeRobot reads them, and :class:`FiniteLoss` refuses the loss they make."""
+    as stored, as LeRobot reads them, and :class:`~pipelines.progress.FiniteLoss` refuses the loss they make."""
     stats = reader.read_stats() if stats is None else stats
     entry = stats.get(key, {})
     if "mean" in entry and "std" in entry:
@@ -824,7 +825,7 @@ def epoch_batches(iterator: Any) -> Iterator[tuple[dict[str, Any], float]]:
 
 def no_full_batch(rank: int, batch_size: int, samples: int | None = None) -> RunRefused:
     """The refusal of a ``--batch-size`` larger than a rank's samples in an epoch (``samples``, where known)."""
-    of = "" if samples is None else f" of {samples} samples"
+    of = "" if samples is None else f" of {counted(samples, 'sample')}"
     return RunRefused(
         f"rank {rank} gets no full batch of {batch_size} from an epoch{of}; lower --batch-size or use a dataset "
         "with more frames per rank"
@@ -849,9 +850,13 @@ def refuse_short_epochs(iterator: Any, batch_size: int) -> None:
         raise no_full_batch(iterator.rank, batch_size, max(now, following))
 
 
-def camera_frames(batch: dict[str, Any], camera_keys: Sequence[str]) -> int:
-    """Decoded camera frames in a batch: B per camera, B*T for a (B, T, C, H, W) window."""
-    return sum(int(np.prod(batch[k].shape[: batch[k].ndim - 3])) for k in camera_keys)
+def batches_left(iterator: Any) -> str:
+    """Where a run starts in its epoch, for its first line: a resume at an epoch's end said '0 batches left in epoch 0'
+    (its next batch is epoch 1's)."""
+    left = len(iterator)
+    if left == 0:
+        return f"epoch {iterator.epoch} read to its end"
+    return f"{counted(left, 'batch')} left in epoch {iterator.epoch}"
 
 
 def data_signature(plan: DataPlan, cameras: Sequence[str]) -> dict[str, Any]:
@@ -886,8 +891,9 @@ def set_learning_rate(optimizer: Any, lr: float, *, say: bool) -> None:
 def train(options: TrainOptions) -> int:
     """Run to ``options.steps`` optimiser steps; returns the number of steps taken in this process.
 
-    Once training has started, a preemption signal (:class:`PreemptibleLoop`) stops every rank at one step boundary,
-    saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run is closed. An
+    Once training has started, a preemption signal (:func:`~pipelines.training_loop.run_steps`) stops every rank at
+    one step boundary, saves a checkpoint there (with ``--checkpoint-dir``) and raises :class:`Preempted` once the run
+    is closed. An
     error of :data:`~pipelines.run_errors.SETUP_ERRORS` before the first step raises :class:`SetupError`
     (:func:`setting_up`)."""
     from accelerate.utils import set_seed
@@ -931,55 +937,41 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: TrainOption
             step = resume_latest(accelerator, options.checkpoint_dir, iterator, data, steps=options.steps)
             set_learning_rate(optimizer, options.lr, say=accelerator.is_main_process)
     start_step = step
-    logger.info(
-        "rank %d/%d: steps %d..%d, batch %d, %d batches left in epoch %d, cameras %s, recipe %s, windows %s",
-        rank, world_size, step, options.steps, options.batch_size, len(iterator), iterator.epoch, cameras,
-        options.recipe, {k: len(v) for k, v in plan.delta_timestamps.items()},
-    )  # fmt: skip
+    if step < options.steps:  # (else resume_latest said there is nothing to train)
+        logger.info(
+            "rank %d/%d: steps %d..%d, batch %d, %s, cameras %s, recipe %s, windows %s",
+            rank, world_size, step, options.steps, options.batch_size, batches_left(iterator), cameras,
+            options.recipe, {k: len(v) for k, v in plan.delta_timestamps.items()},
+        )  # fmt: skip
     record = RunRecord(first_step=step + 1)
-    meter = Throughput()
+
+    def train_step(batch: dict[str, Any]) -> torch.Tensor:
+        inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
+        loss = model(inputs)
+        accelerator.backward(loss)
+        if options.grad_clip > 0:
+            accelerator.clip_grad_norm_(model.parameters(), options.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def recorded(batch: dict[str, Any], loss: torch.Tensor) -> None:
+        if not record.batch_shapes:
+            record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
+        record.epochs.append(iterator.epoch)
+        record.indices.append(batch["index"].detach())
+        if "dataset_index" in batch:
+            record.dataset_indices.append(batch["dataset_index"])
+        record.losses.append(loss.detach())
+
     model.train()
-    batches = epoch_batches(iterator)
-    losses = FiniteLoss(accelerator, options.checkpoint_dir, remedy=NOT_FINITE_REMEDY)
-    loop = PreemptibleLoop(
-        accelerator, iterator, step=step, checkpoint_dir=options.checkpoint_dir, data=data, losses=losses,
-        keep_checkpoints=options.keep_checkpoints,
+    step, loop = run_steps(
+        accelerator, iterator, epoch_batches(iterator), train_step, step=step, options=options, data=data,
+        cameras=cameras, remedy=NOT_FINITE_REMEDY, after_step=None if options.record_dir is None else recorded,
     )  # fmt: skip
-    with contextlib.closing(iterator), loop:  # (a signal before: ends the process as before, no step trained to lose)
-        while step < options.steps:
-            got = loop.next_batch(batches, step)
-            if got is None:  # a preemption signal: every rank stops at this step
-                break
-            batch, wait_s = got
-            inputs = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items() if torch.is_tensor(v)}
-            loss = model(inputs)
-            accelerator.backward(loss)
-            if options.grad_clip > 0:
-                accelerator.clip_grad_norm_(model.parameters(), options.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            losses.note(loss, step, skipped=accelerator.optimizer_step_was_skipped)  # (fp16's scaler: FiniteLoss)
-            if step == start_step + 1:
-                meter.report()  # the first step carries pipeline start-up and warm-up: keep it out of the rates
-            else:
-                meter.add(len(batch["index"]), camera_frames(batch, cameras), wait_s)
-            if options.record_dir is not None:
-                if not record.batch_shapes:
-                    record.batch_shapes = {k: list(v.shape) for k, v in batch.items() if torch.is_tensor(v)}
-                record.epochs.append(iterator.epoch)
-                record.indices.append(batch["index"].detach())
-                if "dataset_index" in batch:
-                    record.dataset_indices.append(batch["dataset_index"])
-                record.losses.append(loss.detach())
-            if step % options.log_every == 0 or step == options.steps:
-                log_progress(accelerator, step, iterator.epoch, loss, meter, world_size, losses)
-            loop.save_if_due(step, steps=options.steps, save_every=options.save_every)
-        loop.stop(step)
-        losses.check(step)  # (the end: checked already at the last step; a preempted run's last step may not be)
+    with loop.finishing(step):
         if options.record_dir is not None:
             record.write(options.record_dir, rank=rank, world_size=world_size, model=accelerator.unwrap_model(model))
-    with loop.finishing(step):
         accelerator.wait_for_everyone()
         accelerator.end_training()
     return step - start_step
@@ -991,9 +983,9 @@ def exit_status(
     """A pipeline's exit status once it has called ``run`` (its training, with ``checkpoint_dir``): 0; 2 after a
     :class:`SetupError` or a :class:`RunRefused` (:func:`epoch_batches`' batch larger than an epoch), logged as one
     line (``program: message``), as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
-    logged as one line), their ``exit_status``. A Ctrl-C before the training loop (:class:`PreemptibleLoop` makes the
-    loop's and closing's :class:`Interrupted`) is one line and 130 too: it was a traceback, the process killed by
-    SIGINT (status -2, or 130 under a launcher)."""
+    logged as one line), their ``exit_status``. A Ctrl-C before the training loop (whose
+    :class:`~pipelines.preemption.PreemptibleLoop` makes the loop's and closing's :class:`Interrupted`) is one line and
+    130 too: it was a traceback, the process killed by SIGINT (status -2, or 130 under a launcher)."""
     try:
         run()
     except (SetupError, RunRefused) as e:  # the datasets or the checkpoint (a batch larger than an epoch: in the

@@ -177,6 +177,9 @@ def test_single_process_run_learns_and_logs_throughput(single_run: tuple[Path, P
     assert len(epoch0) == len(set(epoch0)) == 128 and set(epoch0) <= set(range(130))
     assert epoch0 != sorted(epoch0)  # shuffled
     assert "samples/s" in log and "frames/s" in log and "step 24 epoch 1 loss" in log
+    assert "rank 0/1: steps 0..24, batch 8, 16 batches left in epoch 0, cameras" in log
+    last = re.escape(str(ckpt / "step_00000024"))
+    assert re.search(rf"trained steps 0\.\.24 in \d+\.\d s, to epoch 1; last checkpoint {last}\n", log), log
     assert sorted(p.name for p in ckpt.iterdir()) == ["latest", "step_00000016", "step_00000024"]
     # A save is one line naming the checkpoint; accelerate's own four named the staging folder (.step_N.partial).
     assert log.count("saved checkpoint") == 2 and "accelerate." not in log and ".partial" not in log, log
@@ -194,6 +197,8 @@ def test_single_process_resume_at_the_dropped_tail_is_exact(
     _, _, log = _run(tmp_path, dataset, steps=24, batch=8, procs=1, extra=["--resume"])
     (resumed,) = _records(record_dir, 1)
     assert "resumed from" in log and resumed["first_step"] == 17
+    # (at epoch 0's dropped tail: it said "0 batches left in epoch 0")
+    assert "rank 0/1: steps 16..24, batch 8, epoch 0 read to its end, cameras" in log
     assert "accelerate." not in log, log  # ("All scheduler states loaded successfully", "Loading in 0 custom states")
     assert resumed["indices"] == full["indices"][16:]
     assert resumed["epochs"] == [1] * 8
@@ -201,6 +206,7 @@ def test_single_process_resume_at_the_dropped_tail_is_exact(
     _assert_same_model(_model(ckpt, 24), _model(full_ckpt, 24))
     _, _, log = _run(tmp_path, dataset, steps=24, batch=8, procs=1, extra=["--resume"])  # "24 more steps"?
     assert "the checkpoint is at step 24 and --steps is 24: nothing to train" in log
+    assert "rank 0/1: steps" not in log  # (it said "steps 24..24" after it)
 
 
 def test_a_resume_with_another_lr_trains_on_at_it_and_says_so(make_ds: Callable[..., Path], tmp_path: Path) -> None:
@@ -407,6 +413,7 @@ def test_sigterm_saves_at_the_next_step_and_a_resumed_run_is_exact(
     assert status == 75, log[-30000:]
     step = _preempted_at(log, ckpt, "SIGTERM")
     assert 3 <= step < 24
+    assert "trained steps" not in log  # (the preemption's line says what happened: no closing line of a whole run)
     (first,) = _records(record_dir, 1)
     assert first["indices"] == full["indices"][:step]
     _, _, log = _run(tmp_path, make_ds(**UNEVEN), steps=24, batch=8, procs=1, extra=["--resume"])
@@ -2758,6 +2765,17 @@ def test_a_batch_larger_than_a_ranks_epoch_is_refused_before_the_pipeline_starts
         "train.py: rank 1 gets no full batch of 61 from an epoch of 60 samples; lower --batch-size or use a dataset "
         "with more frames per rank"
     ]
+
+
+@pytest.mark.parametrize(("samples", "said"), [(1, " of 1 sample"), (2, " of 2 samples"), (None, "")])
+def test_a_refused_batch_counts_the_ranks_samples_in_words_that_fit(samples: int | None, said: str) -> None:
+    """A rank whose epoch holds one sample was refused 'from an epoch of 1 samples'."""
+    from pipelines.train import no_full_batch
+
+    assert str(no_full_batch(3, 4, samples)) == (
+        f"rank 3 gets no full batch of 4 from an epoch{said}; lower --batch-size or use a dataset with more frames "
+        "per rank"
+    )
 
 
 def test_decode_gpu_on_the_cpu_is_a_flag_error() -> None:
