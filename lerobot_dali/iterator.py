@@ -300,11 +300,13 @@ class DALILeRobotIterator:
     def _say_how_it_reads(self, rank_source: str) -> None:
         """Log what the built iterator reads (its samples, routes, threads), and warn of what a run would regret:
         a small /dev/shm, an unbalanced epoch that leaves samples out, an epoch too short for one batch."""
+        repeated = self._stream.order.repeated_samples(self._stream.epoch)
         logger.info(
-            "%s: rank %d/%d (%s): %s per epoch, routes %s, %s",
+            "%s: rank %d/%d (%s): %s per epoch%s, routes %s, %s",
             self.reader.location.description, self.rank, self.world_size, rank_source,
-            counted(self._stream.num_samples(), "sample"), {k: r.value for k, r in self.routes.items()},
-            counted(self._dali_threads, "DALI thread"),
+            counted(self._stream.num_samples(), "sample"),
+            f" ({repeated} of them its first ones again, to match the fullest rank)" if repeated else "",
+            {k: r.value for k, r in self.routes.items()}, counted(self._dali_threads, "DALI thread"),
         )  # fmt: skip
         shm = shm_bytes()
         if self._num_workers and shm is not None and shm < SMALL_SHM_BYTES:  # a container's default: SIGBUS ahead

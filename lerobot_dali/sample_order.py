@@ -634,6 +634,13 @@ class SampleOrder:
         with self._lock:
             return self._plan(epoch).target
 
+    def repeated_samples(self, epoch: int) -> int:
+        """Of :meth:`num_samples`, those that repeat this rank's first ones (:attr:`RankBalance.PAD`: as many as the
+        fullest rank reads)."""
+        with self._lock:
+            plan = self._plan(epoch)
+            return max(plan.target - plan.stream.natural, 0)
+
     def rank_frame_counts(self, epoch: int) -> np.ndarray:
         """Frames (before balancing) each rank owns in ``epoch``; identical on every rank."""
         with self._lock:

@@ -633,11 +633,29 @@ def test_the_build_line_names_the_dataset_and_where_its_rank_came_from(
         it.close()
     lines = [r.getMessage() for r in caplog.records if "samples per epoch" in r.getMessage()]
     threads = f"{it._dali_threads} DALI thread{'' if it._dali_threads == 1 else 's'}"  # (1 DALI thread, not threads)
+    repeated = it._stream.order.repeated_samples(0)  # (rank 1 of 2: the next test's)
+    again = f" ({repeated} of them its first ones again, to match the fullest rank)" if repeated else ""
     assert lines == [
-        f"{it.reader.location.description}: {said}: {it._stream.num_samples()} samples per epoch, routes "
+        f"{it.reader.location.description}: {said}: {it._stream.num_samples()} samples per epoch{again}, routes "
         f"{ {k: r.value for k, r in it.routes.items()} }, {threads}"
     ]
     assert str(root) in lines[0]
+
+
+def test_the_build_line_says_how_many_of_a_ranks_samples_repeat(make_ds, caplog: pytest.LogCaptureFixture) -> None:
+    """Ranks owning unequal frames read as many samples as the fullest (RankBalance.PAD), the others their first ones
+    again: the build line said only the count, the repeats unsaid (a walk's note)."""
+    root = _dataset(make_ds, "av1")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.iterator"):
+        for rank in (0, 1):
+            DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, rank=rank, world_size=2).close()
+    line = r": (\d+) samples per epoch( \((\d+) of them its first ones again, to match the fullest rank\))?, routes"
+    said = [re.search(line, r.getMessage()) for r in caplog.records if "samples per epoch" in r.getMessage()]
+    assert all(said) and len(said) == 2, [r.getMessage() for r in caplog.records]
+    counts = [int(m.group(1)) for m in said]
+    repeated = [int(m.group(3) or 0) for m in said]
+    assert counts[0] == counts[1] and min(repeated) == 0 < max(repeated)  # (the fullest rank repeats none)
+    assert counts[0] * 2 - sum(repeated) == sum(LENGTHS)  # (each frame read once, but for the repeats)
 
 
 @pytest.mark.parametrize(
