@@ -424,7 +424,7 @@ def _print_problems(report: CheckReport, show: int) -> None:
         where = f"camera {problem.camera}" if problem.camera else "rows"
         dataset = "" if problem.dataset == report.source else f"{problem.dataset}: "  # (a union's datasets)
         mark = "" if shared is None else f" [{_advice_mark(shared)}]"
-        said = _place_unsaid(problem, own)  # (the line names it: said once)
+        said = _inside_dataset(problem, _place_unsaid(problem, own))  # (the line names it: said once)
         print(f"{dataset}episode {problem.episode_index}, {where}: {problem.error}: {said}{mark}")
     for at, advice in enumerate(split.advice):
         which = _problems_named(report, [shown[i] for i in split.sharing(at)])
@@ -447,6 +447,17 @@ def _place_unsaid(problem: Problem, text: str) -> str:
         return f"{before['file']}: {rest}" if before["file"] else rest
     after = re.match(rf"(?P<file>\S.*?) \((?:{place})\)(?=[: ])", text)  # (an image's: the file, then the place)
     return text if after is None else after["file"] + text[after.end() :]
+
+
+def _inside_dataset(problem: Problem, text: str) -> str:
+    """``text`` with the files of ``problem``'s dataset named from its root (``videos/chunk-000/...``), which the
+    report's first line (or a union's problem's line) names: a Hub dataset's cached root is ~110 characters before
+    each file. ``--json`` and the errors raised keep their paths whole."""
+    from .url_secrets import masked
+
+    for root in dict.fromkeys((problem.dataset, masked(problem.dataset))):
+        text = text.replace(f"{root.rstrip('/')}/", "")
+    return text
 
 
 def _place_pattern(problem: Problem) -> str:

@@ -302,7 +302,10 @@ def test_every_verbs_exit_status_for_damaged_and_refused_videos(
             assert main(argv) == status, (argv, count)
             said = capsys.readouterr()
             if argv[0] == "check":
-                assert all(f"{video}" in said.out for video in videos), (argv, said.out)
+                problems = [line for line in said.out.splitlines() if line.startswith("episode ")]
+                files = [str(video.relative_to(dataset)) for video in videos]  # (the first line names the dataset)
+                assert all(any(file in line for line in problems) for file in files), (argv, said.out)
+                assert not any(f"{dataset}/" in line for line in problems), (argv, said.out)
                 assert said.out.count(f"{dataset}: 3 episodes") == 1
             elif argv[0] in ("info", "diagnose"):
                 assert str(videos[0]) in said.out and not said.err.strip(), said
@@ -653,9 +656,9 @@ CR5_CAMERA = "observation.images.top"
 
 
 def _unplaced(message: str, dataset: str, episode: int, camera: str) -> str:
-    """A frame lookup's ``message`` as check's line says it: ``dataset D, episode E, camera C (FILE): ...`` (its place,
-    which the line says before it) as ``FILE: ...``."""
-    place = f"dataset {dataset}, episode {episode}, camera {camera} ("
+    """A frame lookup's ``message`` as check's line says it: ``dataset D, episode E, camera C (D/FILE): ...`` (its
+    place, which the line says before it; the dataset, which the report's first line names) as ``FILE: ...``."""
+    place = f"dataset {dataset}, episode {episode}, camera {camera} ({dataset}/"
     assert message.startswith(place), message
     file, rest = message.removeprefix(place).split("): ", 1)
     return f"{file}: {rest}"
@@ -664,8 +667,9 @@ def _unplaced(message: str, dataset: str, episode: int, camera: str) -> str:
 def test_check_says_each_problems_place_once_and_json_keeps_it(capsys) -> None:
     """cr5_v30_av1's and gr00t_v20_h264's lines said their place twice, ``episode 0, camera C: FrameTimestampError:
     dataset D, episode 0, camera C (FILE): query ...``, ~85 characters before what was wrong. A line says it once and
-    keeps the file, every other word of the message kept; --json keeps the message whole (its place too), and a
-    message naming another place than its line's (a missing camera's: its file alone) is printed whole."""
+    keeps the file, named from the dataset's root (which the report's first line names), every other word of the
+    message kept; --json keeps the message whole (its place and paths too), and a message naming another place than
+    its line's (a missing camera's: its file alone) is printed whole but for its file's root."""
     for name, camera in (("cr5_v30_av1", CR5_CAMERA), ("gr00t_v20_h264", "observation.images.ego_view")):
         dataset = str(shared_dataset(name))
         argv = ["check", dataset, "--episodes", "0", "--show", "1"]
@@ -677,10 +681,10 @@ def test_check_says_each_problems_place_once_and_json_keeps_it(capsys) -> None:
         (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("episode ")]
         assert line == f"episode 0, camera {camera}: FrameTimestampError: {_unplaced(message, dataset, 0, camera)}"
         assert line.count("episode 0") == 1 and line.count(camera) == 2  # (the line's place, and in the file's name)
-        assert line.split(": FrameTimestampError: ")[1].startswith(f"{dataset}/videos/")
+        assert line.split(": FrameTimestampError: ")[1].startswith("videos/") and dataset not in line
     gr00t = str(shared_dataset("gr00t_v20_h264"))
     assert main(["check", gr00t, "--episodes", "0"]) == 1  # (its camera never recorded: its file, then why)
-    missing = f"episode 0, camera observation.images.egoview: MissingDataFileError: {gr00t}/videos/chunk-000/"
+    missing = "\nepisode 0, camera observation.images.egoview: MissingDataFileError: videos/chunk-000/"
     assert missing in capsys.readouterr().out
 
 
