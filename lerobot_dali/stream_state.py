@@ -512,12 +512,6 @@ class SampleStream:
                 return SampleOrder(self._lengths, rank=rank, world_size=world_size, options=options), (epoch, 0)
         old = None
         if state.world_size != world_size:
-            warn_once(logger,
-                "resuming epoch %d on %s, saved on %d: the rest of the epoch is re-sharded over what "
-                "the old ranks had not consumed (none of it is read twice, beyond rank_balance's padding); later "
-                "epochs follow the new world size",
-                epoch, counted(world_size, "rank"), state.world_size,
-            )  # fmt: skip
             old = SampleOrder(
                 self._lengths,
                 rank=0,
@@ -541,7 +535,26 @@ class SampleStream:
                 counted(world_size, "rank"), state.world_size, sorted(walk.rank for walk in state.walks) or "-",
             )  # fmt: skip
             order.resume_from(old, state.walks)
+            _say_resharded(epoch, world_size, state.world_size, left=order.num_samples(epoch))
         return order, (epoch, consumed)
+
+
+def _say_resharded(epoch: int, world_size: int, saved_on: int, *, left: int) -> None:
+    """The warning of a resume on another world size; at an epoch's end (``left``: none of it for these ranks), that
+    the next epoch is dealt to them: it said the rest of the epoch was re-sharded, of a rest that was none."""
+    ranks = counted(world_size, "rank")
+    if not left:
+        warn_once(logger,
+            "resuming on %s a state saved on %d at the end of epoch %d (nothing of it left to read): later epochs "
+            "follow the new world size",
+            ranks, saved_on, epoch,
+        )  # fmt: skip
+        return
+    warn_once(logger,
+        "resuming epoch %d on %s, saved on %d: the rest of the epoch is re-sharded over what the old ranks had not "
+        "consumed (none of it is read twice, beyond rank_balance's padding); later epochs follow the new world size",
+        epoch, ranks, saved_on,
+    )  # fmt: skip
 
 
 def _refuse_unbalanced_position(state: StreamState, *, rank: int, world_size: int) -> None:

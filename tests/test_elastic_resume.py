@@ -529,3 +529,23 @@ def test_a_resume_on_another_world_size_says_its_ranks_counted(
         saved.state_dict()
     )
     assert f"resuming epoch 0 {said}: the rest of the epoch is re-sharded" in caplog.text, caplog.text
+
+
+def test_a_resume_on_another_world_size_at_an_epochs_end_says_nothing_of_it_is_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Saved on 2 ranks once both had read their 70 samples of epoch 0 (batch 2: no tail left out), resumed on 1: the
+    warning said the rest of epoch 0 was re-sharded over the new rank, of a rest that was none (a walk's note)."""
+    lengths = np.array([30, 40, 50])
+    saved = SampleStream(lengths, rank=0, world_size=2, batch_size=2, options=OrderOptions(seed=3))
+    assert saved.num_samples() == 70  # (the fuller rank's 70 of 120 frames; the other pads its 50)
+    for _ in range(35):
+        saved.next_batch()
+    caplog.set_level(logging.WARNING, logger="lerobot_dali")
+    resumed = SampleStream(lengths, rank=0, world_size=1, batch_size=2, options=OrderOptions(seed=3))
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.num_samples() == 0 and "re-sharded" not in caplog.text
+    assert (
+        "resuming on 1 rank a state saved on 2 at the end of epoch 0 (nothing of it left to read): later epochs follow "
+        "the new world size"
+    ) in caplog.text, caplog.text
