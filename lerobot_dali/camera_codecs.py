@@ -189,16 +189,24 @@ class CameraSurvey:
         full = (f.pix_fmt for f in self.formats.values() if not ships_half_chroma(f.pix_fmt))  # (the first's first)
         return next(full, None if self.first is None else self.first.pix_fmt)
 
-    def check_sizes(self) -> None:
+    def check_sizes(self, declared: tuple[int, int] | None = None) -> None:
         """Raise SchemaMismatchError naming the files whose frame size is not the first file's: a batch is one tensor
-        whatever decodes it."""
+        whatever decodes it. ``declared``: the (height, width) info.json declares; where the first file is not of it
+        but another file is, the first is the odd one (a file replaced by another recording), and the files not of
+        the declared size are named instead, to be re-encoded at it."""
         reference = self.first
         if reference is None:
             return
-        first = next(iter(self.episodes))
-        odd = [
-            (path, f) for path, f in self.formats.items() if (f.height, f.width) != (reference.height, reference.width)
-        ]
+        size = reference.height, reference.width
+        said = f"the camera's first file ({next(iter(self.episodes))}) is {reference.codec} {size[0]}x{size[1]} (HxW)"
+        if (
+            declared is not None
+            and size != declared
+            and any((f.height, f.width) == declared for f in self.formats.values())
+        ):
+            size = declared
+            said = f"info.json declares {size[0]}x{size[1]} (HxW) frames for the camera, as its other files hold"
+        odd = [(path, f) for path, f in self.formats.items() if (f.height, f.width) != size]
         if odd:
             camera = f"camera {self.camera!r}"
             files = "; ".join(
@@ -207,9 +215,8 @@ class CameraSurvey:
             )
             more = f" (and {len(odd) - 5} more files)" if len(odd) > 5 else ""
             raise SchemaMismatchError(
-                f"{files}{more}, but the camera's first file ({first}) is {reference.codec} {reference.height}x"
-                f"{reference.width} (HxW); a camera's videos must share one size (a batch is one tensor): re-encode "
-                "these files at the first file's size"
+                f"{files}{more}, but {said}; a camera's videos must share one size (a batch is one tensor): re-encode "
+                f"these files at {size[0]}x{size[1]}"
             )
 
     def unlike(self, reference: CameraFormat) -> list[str]:

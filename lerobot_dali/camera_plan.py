@@ -144,7 +144,7 @@ class CameraRouter:
         positions = surveyed_positions(self.reader, camera)
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
                                format_store=self.format_store, since=since)  # fmt: skip
-        survey.check_sizes()
+        survey.check_sizes(self.reader.info.features[camera].declared_size)
         self.surveys[camera] = survey
         return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
 

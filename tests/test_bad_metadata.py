@@ -74,6 +74,19 @@ def test_a_video_file_of_another_size_names_itself(make_ds, ds: Path) -> None:
         _first_pass(ds)
 
 
+def test_a_first_video_file_of_another_size_than_info_json_and_the_others_is_the_one_named(make_ds, ds: Path) -> None:
+    """The first file replaced by one of another size was called the norm: the others, of info.json's size, were named
+    to be re-encoded at the odd file's size."""
+    other = make_ds(**SPEC, size=(96, 128))
+    shutil.copy(other / f"videos/{CAM}/chunk-000/file-000.mp4", ds / f"videos/{CAM}/chunk-000/file-000.mp4")
+    pattern = (
+        r"file-000\.mp4 \(episode 0, camera 'observation\.images\.cam0'\) is vp9 96x128 \(HxW\), but info\.json "
+        r"declares 64x96 \(HxW\) frames for the camera, as its other files hold; .*re-encode these files at 64x96$"
+    )
+    with pytest.raises(SchemaMismatchError, match=pattern):
+        _first_pass(ds)
+
+
 @pytest.mark.parametrize("declared", ["shape", "video"])
 def test_videos_of_another_size_than_info_json_declares_are_warned_of_once(ds: Path, declared: str, caplog) -> None:
     """info.json declaring 480x640 for 64x96 videos passed in silence: batches carry the videos' size (as LeRobot's,
