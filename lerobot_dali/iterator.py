@@ -43,6 +43,7 @@ from .depth_maps import DepthUnit, DepthUnitName
 from .distributed import cpus_per_local_rank, local_world_size, rank_cuda_device, resolve_rank
 from .errors import (
     DatasetError,
+    DeltaTimestampsError,
     EpisodeMetadataError,
     IteratorClosedError,
     IteratorForkedError,
@@ -202,13 +203,20 @@ class DALILeRobotIterator:
         self._tolerance_s = tolerance_s
         self._cpu_decode = checked_cpu_decode(cpu_decode)
         self._timestamp_source = check_choice(TimestampSource, "timestamp_source", timestamp_source)
-        self.windows = DeltaWindows(
-            delta_timestamps=dict(delta_timestamps or {}),
-            fps=self.reader.fps,
-            tolerance_s=tolerance_s,
-            camera_keys=self.reader.camera_keys,
-            feature_keys=[*self.reader.info.features, *INDEX_COLUMNS],  # (derived where a dataset lacks them)
-        )
+        try:
+            self.windows = DeltaWindows(
+                delta_timestamps=dict(delta_timestamps or {}),
+                fps=self.reader.fps,
+                tolerance_s=tolerance_s,
+                camera_keys=self.reader.camera_keys,
+                feature_keys=[*self.reader.info.features, *INDEX_COLUMNS],  # (derived where a dataset lacks them)
+            )
+        except DeltaTimestampsError:
+            # The first episode's rows refused (an fps in info.json its timestamps say is wrong) say so first: the
+            # deltas were held to that fps, and were told to be multiples of its frames.
+            if first_rows is None and self.reader.num_episodes:
+                self.reader.read_episode(0)
+            raise
         check_windows(self.windows, self.reader)
         options = OrderOptions(
             seed=seed,

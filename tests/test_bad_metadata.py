@@ -274,6 +274,15 @@ def test_an_fps_that_disagrees_with_the_timestamps_is_refused(ds: Path, fps: int
         _first_pass(ds)
 
 
+def test_an_fps_the_timestamps_refuse_is_said_before_deltas_held_to_it(ds: Path) -> None:
+    """fps 5 over 10 fps rows, with a window of whole 10 fps frames: the deltas were refused first, 'not a multiple
+    of 1/fps (fps=5.0) ... give each offset as k / 5 s', the user told to change the right window to fit the wrong
+    fps; the rows' refusal, to fix fps in meta/info.json, came only once they had."""
+    _set_fps(ds, 5)
+    with pytest.raises(DatasetError, match=r"rows are 0\.100000 s apart \(median\), but info\.json's fps 5 .*fix fps"):
+        _first_pass(ds, delta_timestamps={"action": [-0.1, 0.0]})
+
+
 def test_an_episode_of_three_rows_is_held_to_the_fps(make_ds, copy_ds) -> None:
     """Two steps between its rows have a median: an episode of 3 rows is checked as a longer one is."""
     root = copy_ds(make_ds(**{**SPEC, "frames_per_episode": 3, "cameras": 0}))
