@@ -425,6 +425,17 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
         return ""
     missing = round((stated_s - frames_end_s) / index.frame_interval_s)
     frames = "1 frame" if missing == 1 else f"{missing} frames"
+    rows_fps, count = context.rows_fps if context is not None else None, int(index.shown_pts_s.size)
+    if rows_fps and abs(count / rows_fps - stated_s) <= 0.5 / rows_fps:
+        # (as many frames as rows up to the episode's end, but closer together: a whole file written at another rate)
+        return (
+            f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s in "
+            f"meta/episodes, but it holds {count} frames, a frame for each row up to that end at info.json's fps "
+            f"({rows_fps:g}): its frames are {index.frame_interval_s:.6f} s apart ({1 / index.frame_interval_s:.4g} "
+            f"fps), not 1 / {rows_fps:g} s. The file was written at another frame rate than its rows': write it "
+            f"again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s (e.g. ffmpeg -i <video> -vf "
+            f"'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>)."
+        )
     return (
         f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s in "
         f"meta/episodes (about {frames} missing): the video file is most likely truncated (a partial "

@@ -186,6 +186,21 @@ def test_a_video_is_judged_cut_short_only_past_half_a_frame_and_told_how_many_fr
         assert missing is None or f"end at {stated_s:.6f} s in meta/episodes ({missing})" in message
 
 
+def test_a_video_of_a_frame_for_each_row_at_another_rate_is_judged_written_at_that_rate_not_cut_short() -> None:
+    """A 60 fps file in place of a 30 fps one, of as many frames as its episodes' rows, was judged 'most likely
+    truncated' (download it again, which gives the same file). 4 frames at 2 fps end at 2 s; rows at 1 fps stated to
+    end at 4 s have a frame each: the file's rate is named. Stated to end at 5 s, a frame is missing too: cut short."""
+    index = _constant_rate_index(4, 2)
+    for stated_s, other_rate in ((4.0, True), (5.0, False)):
+        context = FrameRequestContext(camera="c", rows_fps=1.0, episode_end_s=stated_s)
+        with pytest.raises(FrameTimestampError) as info:
+            nearest_frame_indices(index, [0.0, 3.0], tolerance_s=1e-4, context=context)
+        message = str(info.value)
+        assert ("most likely truncated" in message) is not other_rate, (stated_s, message)
+        said = "holds 4 frames, a frame for each row up to that end at info.json's fps (1): its frames are 0.500000 s "
+        assert (said in message and "write it again at 1 fps" in message) is other_rate, (stated_s, message)
+
+
 def _constant_rate_index(frame_count: int, fps: int) -> PacketIndex:
     """A synthetic index of ``frame_count`` frames at ``fps``, in display order (time base ``1 / (512 * fps)``, as
     FFmpeg's MP4 muxer writes)."""
