@@ -428,7 +428,9 @@ _REWRITE = r"the data file and info\.json disagree: correct the dtype in info\.j
          + _REWRITE),
         ("action", lambda n: [["n/a"] * 7] * n, r"'action' of type list<.*string> cannot be read .*could not convert.*"
          r"\); the data file and info\.json disagree: correct the dtype in info\.json, or read the other features "
-         r"only \(keys= without 'action'; --keys on the command line\)$"),
+         r"only \(keys= without 'action'; --keys on the command line\); where the dataset's other data files hold "
+         r"info\.json's, this one alone differs: rewrite it, or leave out its episodes \(episodes=\[\.\.\.\] of the "
+         r"others\)$"),
     ],
     ids=["fractional-int", "text-in-float", "text-in-vector"],
 )  # fmt: skip
@@ -442,6 +444,23 @@ def test_column_values_the_declared_dtype_cannot_hold_are_refused(ds: Path, colu
     _rewrite_data(ds, edit)
     with pytest.raises(SchemaMismatchError, match=pattern):
         open_dataset(ds).read_episode(0)
+
+
+def test_vectors_of_another_length_in_one_data_file_alone_are_told_to_rewrite_it_or_leave_its_episodes_out(
+    ds: Path,
+) -> None:
+    """The second of two data files holding 6-value actions where info.json and the first hold 7: the advice was to
+    correct the shape in info.json (which the first file's rows then refuse) or to read no action at all."""
+    path = ds / "data/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    six = pa.array([row[:6] for row in table["action"].to_pylist()], pa.list_(pa.float32()))
+    pq.write_table(table.set_column(table.column_names.index("action"), "action", six), path)
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"file-001\.parquet: column 'action' holds vectors of length \[6\] but info\.json declares shape \[7\] "
+        r".*this one alone differs: rewrite it, or leave out its episodes \(episodes=\[\.\.\.\] of the others\)$",
+    ):
+        _first_pass(ds)
 
 
 def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:
