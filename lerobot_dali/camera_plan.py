@@ -269,9 +269,10 @@ class CameraPlanner(CameraRouter):
         for camera, index in indexes.items():
             declared = self.reader.info.features[camera].declared_size
             if declared is not None and declared != (index.height, index.width):
-                warn_once(logger, "camera %r: info.json declares %dx%d frames, its videos hold %dx%d (%s): batches "
-                          "carry the videos' size%s; correct info.json where a policy is built from it", camera,
-                          *declared[::-1], index.width, index.height, index.source_name,
+                # (height x width, as the errors of a file of another size say it)
+                warn_once(logger, "camera %r: info.json declares %dx%d (HxW) frames, its videos hold %dx%d (%s): "
+                          "batches carry the videos' size%s; correct info.json where a policy is built from it", camera,
+                          *declared, index.height, index.width, index.source_name,
                           "" if self.image_size is None else " before image_size resizes them")  # fmt: skip
         self.camera_formats = self.check_cameras(routes, indexes, first_rows, dict(zip(firsts, others, strict=True)))
         self.color_fixes = dali_color_fixes(self.camera_formats)

@@ -108,7 +108,8 @@ def test_videos_of_another_size_than_info_json_declares_are_warned_of_once(ds: P
         batches = _first_pass(ds, image_size=(32, 48))
     assert {tuple(b[CAM].shape[1:]) for b in batches} == {(3, 32, 48)}
     (said,) = [r.getMessage() for r in caplog.records if "info.json declares" in r.getMessage()]
-    assert said.startswith(f"camera '{CAM}': info.json declares 640x480 frames, its videos hold 96x64 (")
+    # (height x width, as a file of another size's error says them: it said "640x480 frames ... hold 96x64", WxH)
+    assert said.startswith(f"camera '{CAM}': info.json declares 480x640 (HxW) frames, its videos hold 64x96 (")
     assert "before image_size resizes them" in said
 
 
