@@ -365,10 +365,19 @@ class LeRobotDatasetReader:
         if lacking:
             path, missing = next(iter(lacking.items()))
             more = f" (and {len(lacking) - 1} more data file(s) lack some)" if len(lacking) > 1 else ""
+            read = sum(footer is not None for footer in footers.values())
+            # (a file another recorder's version wrote: info.json and the other files agree, which dropping the
+            # features from info.json would undo)
+            alone = (
+                f"; {read - len(lacking)} of the {read} data files read lack none: rewrite the file(s) lacking "
+                "columns, or leave out their episodes (episodes=[...] of the others)"
+                if len(lacking) < read
+                else ""
+            )
             raise SchemaMismatchError(
                 f"{path}: declared feature(s) {missing} have no column in the data file{more} (columns present: "
                 f"{list(self.data_file_footers[path].columns)}); "
-                f"{missing_columns_advice(missing, cameras=self.image_keys)}"
+                f"{missing_columns_advice(missing, cameras=self.image_keys)}{alone}"
             )
         checked = set()  # (columns, list widths) of files checked: 15,000 v2.1 files of one schema took 0.3 s
         for path, footer in footers.items():
