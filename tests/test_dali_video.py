@@ -344,6 +344,24 @@ def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypat
     assert probed == [(128, 160), (64, 96)]
 
 
+def test_a_probe_process_that_dies_sends_the_camera_to_the_cpu_saying_so(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver fault that kills the probe process is no NVDEC: the camera is decoded on the CPU, the death said."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    def dying_probe(samples, *, frames, device_id, isolate):
+        raise BrokenProcessPool("killed by signal 11")
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "probe_gpu", dying_probe)
+    path = marker_video("h264", 2)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.decode_route"):
+        assert route_for_video(path, build_packet_index(path), label="cam") is DecodeRoute.CPU_FALLBACK
+    assert "NVDEC probe for h264 on device 0: probe process died: killed by signal 11" in caplog.text
+
+
 def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
     """A mixture builds its datasets' iterators in threads; cameras of one codec and size then wait for one probe
     (a process with a CUDA context of its own) instead of each starting one. Other sizes probe beside it."""
