@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -12,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import av
 import numpy as np
@@ -137,6 +139,15 @@ H200 = GpuInfo(device_id=0, name="NVIDIA H200", compute_capability=(9, 0))
 L4 = GpuInfo(device_id=0, name="NVIDIA L4", compute_capability=(8, 9))
 
 
+def test_a_gpu_info_is_a_frozen_value_of_a_device_from_0() -> None:
+    """Equal and hashed by its fields, not edited in place; device -1 is refused (CUDA counts from 0)."""
+    assert {H200, GpuInfo(device_id=0, name="NVIDIA H200", compute_capability=(9, 0))} == {H200}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        H200.device_id = 1  # type: ignore[misc]
+    with pytest.raises(ValueError, match=r"device_id must be >= 0, got -1\."):
+        GpuInfo(device_id=-1, name="gpu", compute_capability=(9, 0))
+
+
 def test_table_guess() -> None:
     assert nvdec_table_guess("av1", H200) is False
     assert nvdec_table_guess("av1", GpuInfo(device_id=0, name="A100", compute_capability=(8, 0))) is False
@@ -149,7 +160,8 @@ def test_table_guess() -> None:
 
 def test_table_guess_at_each_generations_edge() -> None:
     """NVIDIA's decode matrix at the capabilities where an answer changes: Pascal (6.x) has H.264 and no AV1, Turing
-    (7.5) VP9, GA102 (8.6: RTX 3090, A40) is the first with AV1; GA10B (8.7) has it, and (8.1) is not in the table."""
+    (7.5) VP9, Volta (7.0, 7.2) and Turing no AV1, GA102 (8.6: RTX 3090, A40) is the first with AV1; GA10B (8.7) has
+    it, and (8.1) is not in the table."""
 
     def guess(codec: str, capability: tuple[int, int]) -> bool | None:
         return nvdec_table_guess(codec, GpuInfo(device_id=0, name="gpu", compute_capability=capability))
@@ -157,6 +169,7 @@ def test_table_guess_at_each_generations_edge() -> None:
     assert guess("h264", (6, 0)) is True and guess("hevc", (6, 1)) is True
     assert guess("h264", (5, 2)) is None and guess("h264", (0, 0)) is None  # (0, 0): a CPU-only torch's GPU
     assert guess("av1", (6, 0)) is False and guess("av1", (6, 1)) is False
+    assert guess("av1", (7, 0)) is False and guess("av1", (7, 2)) is False and guess("av1", (7, 5)) is False
     assert guess("av1", (8, 6)) is True and guess("av1", (8, 7)) is True and guess("av1", (8, 1)) is None
     assert guess("vp9", (7, 5)) is True and guess("vp9", (7, 0)) is True and guess("vp9", (6, 1)) is None
 
@@ -265,6 +278,33 @@ def test_route_for_video_without_driver(marker_video: MarkerVideo, monkeypatch: 
         route_for_video(h264, build_packet_index(h264), decode="gpu")
 
 
+@pytest.mark.parametrize(("cuda_version", "present"), [(0, False), (12080, True)])
+def test_a_driver_is_present_where_dali_reads_a_cuda_version(monkeypatch, cuda_version: int, present: bool) -> None:
+    """DALI reads the driver's CUDA version as 0 where no driver is installed (this machine): then no probe process
+    is spawned to find no GPU; 12080 (CUDA 12.8) is a driver."""
+    from nvidia.dali import backend
+
+    monkeypatch.setattr(backend, "GetCudaVersion", lambda: cuda_version)
+    assert decode_route._driver_present() is present
+
+
+def test_the_gpu_is_found_through_torch_else_through_dali(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's CUDA names the device and its capability; a CPU-only torch beside a GPU DALI counts gives 'CUDA device
+    N' of capability (0, 0) (the table knows none); a device past DALI's count is no GPU."""
+    import torch
+    from nvidia.dali import backend
+
+    properties = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device_id: properties)
+    assert decode_route._detect_gpu(1) == GpuInfo(device_id=1, name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(backend, "GetCUDADeviceCount", lambda: 2)
+    assert decode_route._detect_gpu(1) == GpuInfo(device_id=1, name="CUDA device 1", compute_capability=(0, 0))
+    assert decode_route._detect_gpu(2) is None
+
+
 def test_decode_cpu_starts_no_probe(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:
     """decode='cpu' asks nothing of NVDEC: no probe process (a CUDA context of its own) where a driver is present."""
 
@@ -302,6 +342,24 @@ def test_nvdec_is_probed_per_frame_size_too(marker_video: MarkerVideo, monkeypat
     assert route_for_video(small, build_packet_index(small), label="wrist") is DecodeRoute.CPU_FALLBACK
     assert route_for_video(big, build_packet_index(big), label="top") is DecodeRoute.NVDEC
     assert probed == [(128, 160), (64, 96)]
+
+
+def test_a_probe_process_that_dies_sends_the_camera_to_the_cpu_saying_so(
+    marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A driver fault that kills the probe process is no NVDEC: the camera is decoded on the CPU, the death said."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    def dying_probe(samples, *, frames, device_id, isolate):
+        raise BrokenProcessPool("killed by signal 11")
+
+    monkeypatch.setattr(decode_route, "_driver_present", lambda: True)
+    monkeypatch.setattr(decode_route, "_probe_cache", {})
+    monkeypatch.setattr(decode_route, "probe_gpu", dying_probe)
+    path = marker_video("h264", 2)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.decode_route"):
+        assert route_for_video(path, build_packet_index(path), label="cam") is DecodeRoute.CPU_FALLBACK
+    assert "NVDEC probe for h264 on device 0: probe process died: killed by signal 11" in caplog.text
 
 
 def test_cameras_routed_at_once_share_one_probe(marker_video: MarkerVideo, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1114,6 +1114,21 @@ def test_a_stamped_file_read_whole_has_the_deadline_of_its_stamped_size(tmp_path
     assert timeouts == [60.0 + 4096.0, 62.0]
 
 
+@pytest.mark.parametrize(
+    ("timeout", "seconds"),
+    [(None, 76.0), (aiohttp.ClientTimeout(sock_read=30), 76.0), (aiohttp.ClientTimeout(total=5), None)],
+)
+def test_a_session_timeout_with_a_total_of_its_own_sets_no_deadline(timeout, seconds: float | None) -> None:
+    """A request for 1 MiB may take 60 s plus 16 s at 64 KiB/s, unless the session's timeout sets a total: then
+    that total is kept for every request, with no deadline of ours."""
+    from fsspec.implementations.http import HTTPFileSystem
+
+    from lerobot_dali.request_checks import _deadline_s
+
+    fs = HTTPFileSystem(skip_instance_cache=True, client_kwargs={} if timeout is None else {"timeout": timeout})
+    assert _deadline_s(fs, 1 << 20) == seconds
+
+
 @pytest.mark.parametrize("call", ["glob", "ls", "isdir"])
 def test_a_server_trickling_a_folder_listing_fails_it_at_its_deadline(tmp_path: Path, monkeypatch, call: str) -> None:
     """fsspec reads a folder's whole index page (the episodes' folder, listed as a dataset opens): a server trickling
