@@ -670,16 +670,29 @@ def test_a_video_file_missing_mid_epoch_names_the_camera_and_episodes(ds: Path) 
         _first_pass(ds)
 
 
-def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bare IndexError (a NaN timestamp raised one) named no file, episode or sample."""
+@pytest.mark.parametrize(
+    ("error", "pattern"),
+    [
+        (
+            IndexError("index 0 is out of bounds for axis 0 with size 0"),
+            r"reading samples \[0, 4\) of epoch 0 \(episodes \[0\]\): index 0 is out of bounds",
+        ),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), r"^'utf-8' codec can't decode byte 0xff"),
+    ],
+    ids=["IndexError", "UnicodeDecodeError"],
+)
+def test_a_builtin_error_in_a_worker_names_the_samples(
+    ds: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, pattern: str
+) -> None:
+    """A bare IndexError (a NaN timestamp raised one) named no file, episode or sample. A builtin whose arguments
+    are not one message (UnicodeDecodeError) cannot be made again with them named: it is raised as it is."""
     from lerobot_dali.batch_source import BatchSource
 
     def failing(self, episode_pos, frame, **kwargs):
-        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+        raise error
 
     monkeypatch.setattr(BatchSource, "assemble", failing)
-    pattern = r"reading samples \[0, 4\) of epoch 0 \(episodes \[0\]\): index 0 is out of bounds"
-    with pytest.raises(IndexError, match=pattern):
+    with pytest.raises(type(error), match=pattern):
         _first_pass(ds)
 
 
