@@ -284,10 +284,15 @@ def test_an_fps_the_timestamps_refuse_is_said_before_deltas_held_to_it(ds: Path)
         _first_pass(ds, delta_timestamps={"action": [-0.1, 0.0]})
 
 
-def test_an_episode_of_three_rows_is_held_to_the_fps(make_ds, copy_ds) -> None:
-    """Two steps between its rows have a median: an episode of 3 rows is checked as a longer one is."""
-    root = copy_ds(make_ds(**{**SPEC, "frames_per_episode": 3, "cameras": 0}))
+@pytest.mark.parametrize("rows", [3, 2])
+def test_an_episode_of_three_rows_is_held_to_the_fps(make_ds, copy_ds, rows: int) -> None:
+    """Two steps between its rows have a median: an episode of 3 rows is checked as a longer one is. One of 2 rows
+    has one step, no median: it is read, unchecked."""
+    root = copy_ds(make_ds(**{**SPEC, "frames_per_episode": rows, "cameras": 0}))
     _set_fps(root, 20)
+    if rows == 2:
+        assert open_dataset(root).read_episode(1)["timestamp"].tolist() == pytest.approx([0.0, 0.1])
+        return
     with pytest.raises(
         DatasetError, match=r"episode 1's rows are 0\.100000 s apart \(median\), but info\.json's fps 20"
     ):
@@ -707,16 +712,29 @@ def test_a_video_file_missing_mid_epoch_names_the_camera_and_episodes(ds: Path) 
         _first_pass(ds)
 
 
-def test_a_builtin_error_in_a_worker_names_the_samples(ds: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bare IndexError (a NaN timestamp raised one) named no file, episode or sample."""
+@pytest.mark.parametrize(
+    ("error", "pattern"),
+    [
+        (
+            IndexError("index 0 is out of bounds for axis 0 with size 0"),
+            r"reading samples \[0, 4\) of epoch 0 \(episodes \[0\]\): index 0 is out of bounds",
+        ),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), r"^'utf-8' codec can't decode byte 0xff"),
+    ],
+    ids=["IndexError", "UnicodeDecodeError"],
+)
+def test_a_builtin_error_in_a_worker_names_the_samples(
+    ds: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, pattern: str
+) -> None:
+    """A bare IndexError (a NaN timestamp raised one) named no file, episode or sample. A builtin whose arguments
+    are not one message (UnicodeDecodeError) cannot be made again with them named: it is raised as it is."""
     from lerobot_dali.batch_source import BatchSource
 
     def failing(self, episode_pos, frame, **kwargs):
-        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+        raise error
 
     monkeypatch.setattr(BatchSource, "assemble", failing)
-    pattern = r"reading samples \[0, 4\) of epoch 0 \(episodes \[0\]\): index 0 is out of bounds"
-    with pytest.raises(IndexError, match=pattern):
+    with pytest.raises(type(error), match=pattern):
         _first_pass(ds)
 
 

@@ -393,10 +393,16 @@ def test_a_state_saved_with_the_former_epoch_numbers_resumes_where_it_stood(make
     mix.close()
 
 
-def test_a_resume_at_other_shares_reads_each_epoch_of_the_other_dataset_once(make_ds, caplog) -> None:
+@pytest.mark.parametrize(("saved_after", "passes", "batches"), [(5, 3, (5, 5 + 8 + 8)), (None, 2, (16, 8 + 8))])
+def test_a_resume_at_other_shares_reads_each_epoch_of_the_other_dataset_once(
+    make_ds, caplog, saved_after: int | None, passes: int, batches: tuple[int, int]
+) -> None:
     """Saved at shares (1, 5) of 6, resumed at (2, 4): the second dataset continues where it stood, and the next
     mixture epochs start it from there. They started it where a run at (2, 4) from the beginning would stand,
-    12 samples back into its epoch 1, which it read twice."""
+    12 samples back into its epoch 1, which it read twice. Saved 5 batches in, or once the first epoch's pass
+    ended: the anchor at epoch 1's start, the second dataset 16 batches of 5 in (sample 5 of its epoch 3), where
+    a run at (2, 4) from the beginning stands 8 batches of 4 in (sample 4 of its epoch 1); the new pass started it
+    there, reading its epochs 1 and 2 again."""
     paths = _datasets(make_ds)
 
     def mixture(weights: list[float]) -> DALILeRobotMixture:
@@ -407,16 +413,16 @@ def test_a_resume_at_other_shares_reads_each_epoch_of_the_other_dataset_once(mak
 
     mix = mixture([1, 5])
     assert (mix.batch_shares, mix.anchor) == ((1, 5), 0)
-    batches, taken = iter(mix), []
-    for _ in range(5):
-        taken.extend(second(mix, next(batches)))
+    taken = []
+    for batch in itertools.islice(iter(mix), saved_after):
+        taken.extend(second(mix, batch))
     state = mix.state_dict()
     mix.close()
     mix = mixture([2, 4])
     assert mix.batch_shares == (2, 4)
     mix.load_state_dict(state)
     assert "saved with batch shares [1, 5] at shares [2, 4]" in caplog.text
-    for _ in range(3):
+    for _ in range(passes):
         taken.extend(pair for batch in mix for pair in second(mix, batch))
     mix.close()
     epochs = [epoch for epoch, _ in taken]
@@ -428,7 +434,7 @@ def test_a_resume_at_other_shares_reads_each_epoch_of_the_other_dataset_once(mak
             len(keys),
             len(set(keys)),
         )  # (29 frames, at most 1 batch dropped)
-    assert len(taken) == 5 * 5 + (5 + 8 + 8) * 4  # 5 batches at 5; at 4, (16 - 5) // 2 left of epoch 0, then 8 a time
+    assert len(taken) == batches[0] * 5 + batches[1] * 4  # at 5; at 4, (16 - 5) // 2 left of epoch 0, then 8 a time
 
 
 def test_a_resume_on_fewer_ranks_reads_the_rest_of_the_anchor_once(make_ds) -> None:
@@ -473,6 +479,24 @@ def test_ranks_split_the_anchor_disjointly_and_agree_on_length(make_ds) -> None:
     anchors = [{k for k in taken if k[0] == 0} for taken in per_rank]
     assert not anchors[0] & anchors[1]
     assert anchors[0] | anchors[1] == {(0, ep, f) for ep, n in enumerate(SPECS[0][0]) for f in range(n)}
+
+
+def test_an_epoch_giving_a_rank_less_than_its_share_is_passed_over_for_the_next(make_ds) -> None:
+    """A dataset's epoch that gives this rank fewer samples than its share of a batch (ranks balanced to the
+    fewest, whose count changes with the deal from epoch to epoch) gives no batch: its part comes from the epoch
+    after, as its schedule counts it; only two such epochs in a row are refused. Rank 0 of 2 is dealt 33, 32 and 33
+    of the second dataset's 16 + 17 + 16 + 17 frames in its epochs 0-2 (seed 4), a share of 33: its second part is
+    epoch 2's (a third pass after epoch 0's ended and epoch 1's was empty)."""
+    second = make_ds(episodes=4, frames_per_episode=[16, 17, 16, 17], codec="h264", fps=20, gop=4, seed=1)
+    paths = [_datasets(make_ds)[0], second]
+    options = dict(rank=0, world_size=2, rank_balance="drop", seed=4, device="cpu", num_workers=0)
+    with DALILeRobotMixture(paths, weights=[1, 33], batch_size=34, **options) as mix:
+        assert [mix.datasets[1].epoch_samples(e) for e in range(3)] == [33, 32, 33]
+        batches = iter(mix)
+        parts = [[k for k in _keys(next(batches)) if k[0] == 1] for _ in range(2)]
+        assert [len(set(part)) for part in parts] == [33, 33]
+        state = mix.state_dict()["datasets"][1]
+        assert (state["epoch"], state["samples_consumed"]) == (2, 33)
 
 
 def test_frames_of_other_sizes_need_image_size(make_ds) -> None:

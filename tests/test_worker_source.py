@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,12 +28,16 @@ def test_a_source_is_read_back_from_its_file_until_removed() -> None:
     assert not os.path.exists(os.path.dirname(name))  # (its folder too)
 
 
-def test_a_sources_files_share_one_folder_and_a_removed_one_is_made_again() -> None:
+@pytest.mark.parametrize("gone_before", [False, True])
+def test_a_sources_files_share_one_folder_and_a_removed_one_is_made_again(gone_before: bool) -> None:
     """Each dump of one SourceFile goes to its process's one folder, which remove deletes whole; a dump after remove
-    (the next build) writes a file again, in a new folder, not the pickle itself."""
+    (the next build) writes a file again, in a new folder, not the pickle itself. A folder already gone when remove
+    is called (``gone_before``: a cleaner of the temporary directory took it) fails nothing."""
     files = SourceFile()
     first, second = files.dumps([1]), files.dumps([2])
     assert os.path.dirname(first) == os.path.dirname(second)
+    if gone_before:
+        shutil.rmtree(os.path.dirname(first))
     files.remove()
     assert not os.path.exists(first) and not os.path.exists(second)
     try:
@@ -136,13 +142,18 @@ def test_a_temporary_directory_that_takes_no_file_sends_the_source_itself(
         it.close()
 
 
-def test_no_usable_temporary_directory_sends_the_source_itself(monkeypatch) -> None:
-    """tempfile.gettempdir() raises FileNotFoundError where no candidate folder takes a file."""
+def test_no_usable_temporary_directory_sends_the_source_itself(monkeypatch, caplog) -> None:
+    """tempfile.gettempdir() raises FileNotFoundError where no candidate folder takes a file. Said once a process,
+    whatever each build's error says (here each names its call)."""
+    calls = []
 
     def nowhere() -> str:
-        raise FileNotFoundError("No usable temporary directory found in ['/tmp']")
+        calls.append(None)
+        raise FileNotFoundError(f"No usable temporary directory found in ['/tmp'] (call {len(calls)})")
 
     monkeypatch.setattr(tempfile, "gettempdir", nowhere)
     assert SourceFile.loads(SourceFile().dumps([1, 2])) == [1, 2]
     # (sent itself, a source is pickled as its SourceFile's dump does: DALI's takes a lambda)
     assert SourceFile.loads(SourceFile(dali_dump).dumps({"pick": lambda row: row % 2}))["pick"](3) == 1
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(calls) == 2 and len(said) == 1 and "(call 1)" in said[0]
