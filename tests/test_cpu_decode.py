@@ -260,7 +260,6 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     below the files in use (a worker's pool) is said once, with the budget that would hold them."""
     import logging
 
-    import lerobot_dali.cpu_decode as cpu_decode
     from lerobot_dali import open_files
     from lerobot_dali.cpu_decode_options import (
         DECODER_FRAMES,
@@ -340,7 +339,8 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     from tests.fake_remote import FakeRemoteFileSystem
 
     remote = FakeRemoteFileSystem(str(tmp_path))
-    budget = 10 * (per_decoder + DEMUXER_BYTES_PER_PACKET * index.frame_count + cpu_decode.REMOTE_HANDLE_BYTES)
+    handle = 8 * 2**20  # fsspec's read-ahead block (5 MiB for HTTP), with margin
+    budget = 10 * (per_decoder + DEMUXER_BYTES_PER_PACKET * index.frame_count + handle)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget))
     for i in range(12):
         decoder.decode(f"{i}.mp4", index, [5], filesystem=remote)
