@@ -260,7 +260,6 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     below the files in use (a worker's pool) is said once, with the budget that would hold them."""
     import logging
 
-    import lerobot_dali.cpu_decode as cpu_decode
     from lerobot_dali import open_files
     from lerobot_dali.cpu_decode_options import (
         DECODER_FRAMES,
@@ -298,7 +297,8 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
             decoder.decode(path, index, [5])
     assert decoder.open_decoders == 10
     [said] = [r.getMessage() for r in caplog.records if "files are in use" in r.getMessage()]
-    assert "up to 12 files are in use (episode pool x cameras) but 10 open decoders" in said
+    # (each at the 1 MiB floor: the marker video's frames are small)
+    assert "up to 12 files are in use (episode pool x cameras) but 10 open decoders of ~1.0 MB fit" in said
     assert f"max_decoder_memory_bytes=...) (about {12 * per_decoder} per worker holds them all)" in said
     decoder.close()
     # A pool's files, at least the default 64, within half the open-file limit (the 64 too: at ``ulimit -n 64`` they
@@ -340,12 +340,22 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     from tests.fake_remote import FakeRemoteFileSystem
 
     remote = FakeRemoteFileSystem(str(tmp_path))
-    budget = 10 * (per_decoder + DEMUXER_BYTES_PER_PACKET * index.frame_count + cpu_decode.REMOTE_HANDLE_BYTES)
+    handle = 8 * 2**20  # fsspec's read-ahead block (5 MiB for HTTP), with margin
+    budget = 10 * (per_decoder + DEMUXER_BYTES_PER_PACKET * index.frame_count + handle)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV, max_decoder_memory_bytes=budget))
     for i in range(12):
         decoder.decode(f"{i}.mp4", index, [5], filesystem=remote)
     assert decoder.open_decoders == 10
     decoder.close()
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 2), (15, 16), (64, 16)])
+def test_ffmpegs_automatic_threads_are_counted_as_the_cpus_plus_one_at_most_16(monkeypatch, cpus, threads) -> None:
+    """The threads a decoder of ``threads_per_decoder=0`` is counted to hold frames for: FFmpeg's own choice."""
+    from lerobot_dali import cpu_decode
+
+    monkeypatch.setattr(cpu_decode, "usable_cpus", lambda: cpus)
+    assert cpu_decode._ffmpeg_auto_threads() == threads
 
 
 def _remux_to_mkv(source: Path, mkv: Path) -> Path:

@@ -258,6 +258,17 @@ def test_each_requests_planes_are_stacked_on_their_own() -> None:
         stacked_each(frames, [[0], [1, 2]], "planes", label="cam.mp4")
 
 
+def test_a_merged_decodes_planes_are_taken_per_request() -> None:
+    """A remote GOP's requests decode as one union (``batch_source``); each takes its rows of the union's planes,
+    in its own order and with repeats, and the union's matrix."""
+    tiny = _tiny_planes(1)
+    union = stack_planes([tiny._replace(luma=tiny.luma + i) for i in range(3)], label="cam.mp4")
+    picked = union[np.array([2, 0, 2])]
+    assert picked.luma[:, 0, 0, 0].tolist() == [2, 0, 2] and picked.luma[:, 3, 5, 0].tolist() == [25, 23, 25]
+    assert picked.chroma.shape == (3, 2, 3, 2) and picked.chroma[:, 0, 0].tolist() == [[7, 9]] * 3
+    assert picked.matrix.tolist() == color_matrix(1, False).tolist()
+
+
 def _flat_420_frame(width: int, height: int, *, colorspace: int = 1, color_range: int = 1) -> av.VideoFrame:
     frame = av.VideoFrame(width, height, "yuv420p")
     for plane, value in zip(frame.planes, (120, 60, 200), strict=True):
