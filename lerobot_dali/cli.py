@@ -451,12 +451,14 @@ def _place_unsaid(problem: Problem, text: str) -> str:
 
 def _inside_dataset(problem: Problem, text: str) -> str:
     """``text`` with the files of ``problem``'s dataset named from its root (``videos/chunk-000/...``), which the
-    report's first line (or a union's problem's line) names: a Hub dataset's cached root is ~110 characters before
-    each file. ``--json`` and the errors raised keep their paths whole."""
+    report's first line (or a union's problem's line) names: each line repeated it. Only where the errors name the
+    files under the root the dataset is named by (a local folder, a URL); a Hub dataset's, named at their pinned
+    commit, keep their paths, as ``--json`` and the errors raised keep every path whole."""
     from .url_secrets import masked
 
     for root in dict.fromkeys((problem.dataset, masked(problem.dataset))):
-        text = text.replace(f"{root.rstrip('/')}/", "")
+        if root.rstrip("/"):  # (a dataset at / names nothing to take out)
+            text = text.replace(f"{root.rstrip('/')}/", "")
     return text
 
 
