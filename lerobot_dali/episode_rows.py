@@ -600,13 +600,14 @@ def _disagree_advice(feature: Feature, what: str) -> str:
     """What to do where ``feature``'s column holds another ``what`` (shape, dtype) than info.json declares: an index
     column is read whatever keys= says, so there the data file is to be rewritten; another column may differ in this
     file alone (a file written by another recorder's version), which correcting info.json would not mend."""
-    if feature.key in INDEX_COLUMNS:
-        return f"the data file and info.json disagree: correct the {what} in info.json, or rewrite the data file"
-    return (
-        f"the data file and info.json disagree: correct the {what} in info.json, or read the other features only "
-        f"(keys= without {feature.key!r}; --keys on the command line); where the dataset's other data files hold "
-        "info.json's, this one alone differs: rewrite it, or leave out its episodes (episodes=[...] of the others)"
+    instead = (
+        "rewrite the data file"
+        if feature.key in INDEX_COLUMNS
+        else f"read the other features only (keys= without {feature.key!r}; --keys on the command line); where the "
+        "dataset's other data files hold info.json's, this one alone differs: rewrite it, or leave out its episodes "
+        "(episodes=[...] of the others)"
     )
+    return f"the data file and info.json disagree: correct the {what} in info.json, or {instead}"
 
 
 def _check_scalar_shape(feature: Feature, path: str, kind: object | None = None) -> None:
