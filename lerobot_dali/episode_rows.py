@@ -722,10 +722,25 @@ def _parsed_json(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
+def _holds_text(kind: pa.DataType) -> bool:
+    """Whether a column of ``kind`` holds text as a string feature's does: strings (plain, or bytes written without
+    parquet's UTF-8 annotation), dictionary-encoded or not, or only nulls."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    text = pa.types.is_null, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary
+    return any(check(kind) for check in text)
+
+
 def _column_to_numpy(column: pa.ChunkedArray, feature: Feature, path: str) -> np.ndarray:
     array = column.combine_chunks()
     n = len(array)
     if feature.is_host_value:
+        if feature.dtype == "string" and not _holds_text(array.type):
+            # (LeRobot's cast to its declared string feature refuses numbers; they were handed over as lists in silence)
+            raise SchemaMismatchError(
+                f"{path}: column {feature.key!r} holds {array.type}, not text, but info.json declares 'string': "
+                f"{_disagree_advice(feature, 'dtype')}"
+            )
         objects = np.empty(n, dtype=object)  # filled, not np.asarray: equal-length lists would become a 2-D array
         try:
             if feature.dtype == "language":

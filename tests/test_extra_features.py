@@ -308,6 +308,24 @@ def test_a_string_feature_stored_as_bytes_reads_as_text(make_ds, tmp_path: Path)
         open_dataset(root).read_episode(1)
 
 
+@pytest.mark.parametrize(
+    ("values", "kind"),
+    [(pa.array([1.5, 2.5, 3.5], pa.float32()), "float"), (pa.array([[1, 2]] * 3), "list<element: int64>")],
+)
+def test_a_string_feature_whose_column_holds_numbers_is_refused(make_ds, tmp_path: Path, values, kind: str) -> None:
+    """info.json declares 'extra.note' a string, one data file holds numbers there: LeRobot's cast to the declared
+    string feature refuses them; here they were handed over as a list of floats (or of lists) in silence."""
+    src = make_ds(episodes=2, frames_per_episode=LENGTHS, cameras=0, fps=FPS, episodes_per_file=1)
+    root = _with_columns(src, tmp_path / "dataset")
+    second = sorted(root.glob("data/*/*.parquet"))[1]  # episode 1's file
+    table = pq.read_table(second)
+    pq.write_table(table.set_column(table.column_names.index("extra.note"), "extra.note", values), second)
+    said = f"{second}: column 'extra.note' holds {kind}, not text, but info.json declares 'string'"
+    with pytest.raises(SchemaMismatchError, match=re.escape(said)):
+        open_dataset(root).read_episode(1)
+    assert open_dataset(root).read_episode(0, ["extra.note"])["extra.note"][0] == _note(0)
+
+
 def _with_language(src: Path, root: Path, call: Callable[[int], str]) -> Path:
     """A copy of ``src`` with a ``language_persistent`` column as LeRobot 0.6 declares it: per row (by its ``index``)
     one entry holding a double ``timestamp`` (as its annotation writer stores it) and the JSON text ``call(index)``
