@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from .batch_source import CameraFormat
     from .dataset_reader import LeRobotDatasetReader
     from .file_format_store import FileFormatStore
+    from .packet_index import PacketIndex
     from .packet_index_store import PacketIndexStore
 
 __all__ = [
@@ -83,6 +84,11 @@ class FileFormat(NamedTuple):
     pix_fmt: str | None
     #: (``AVColorSpace``, full range).
     color: tuple[int, bool]
+    #: Frames a second the stream declares (its average rate); None where the header declares none. With
+    #: :attr:`end_s`, what :mod:`.file_timing` holds the file's episodes' rows to.
+    rate: float | None = None
+    #: Where the stream's frames end, in seconds (its start and duration); None where the header does not say.
+    end_s: float | None = None
 
 
 def codec_counts(formats: Iterable[Any]) -> dict[str, int]:
@@ -118,7 +124,7 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
                     )
                 return FileFormat(
                     context.codec.canonical_name, int(context.height), int(context.width), context.pix_fmt,
-                    codec_color(context),
+                    codec_color(context), *_stream_timing(container, container.streams.video[0]),
                 )  # fmt: skip
         except (av.error.FFmpegError, OSError, UnicodeDecodeError) as e:  # (as build_packet_index reads it)
             if is_transient(e):
@@ -127,6 +133,29 @@ def read_file_format(reader: LeRobotDatasetReader, path: str) -> FileFormat:
                 f"{path}: cannot read the video container ({e}); the file is truncated or corrupt: "
                 f"{DAMAGED_VIDEO_ADVICE}"
             ) from e
+
+
+def _stream_timing(container: Any, stream: Any) -> tuple[float | None, float | None]:
+    """The frame rate and the end in seconds ``stream``'s header declares (:attr:`FileFormat.rate`, ``end_s``): its
+    rate as FFmpeg guesses it from its first frames' times (the average, its frames over its duration, is off by a
+    frame's share where a remux lost the last packet's duration: 30.6 for a 45-frame 29.97 fps file); its duration,
+    else the container's (a WebM declares its segment's alone)."""
+    rate = stream.guessed_rate or stream.average_rate
+    end_s = None
+    if stream.duration is not None and stream.time_base is not None:
+        end_s = float((stream.start_time or 0) * stream.time_base + stream.duration * stream.time_base)
+    elif container.duration is not None:
+        end_s = container.duration / av.time_base
+    return (float(rate) if rate else None), end_s
+
+
+def _index_timing(index: PacketIndex) -> tuple[float, float]:
+    """:func:`_stream_timing` from a packet index: its frames' mean rate (a WebM's millisecond times make one
+    interval 33 ms, another 34), and where its last frame ends."""
+    shown = index.shown_pts_s
+    span_s = float(shown[-1] - shown[0]) if len(shown) > 1 else 0.0
+    rate = (len(shown) - 1) / span_s if span_s > 0 else 1 / index.frame_interval_s
+    return rate, float(shown[-1]) + index.frame_interval_s
 
 
 def file_positions(reader: LeRobotDatasetReader, camera: str) -> list[int]:
@@ -257,7 +286,8 @@ def survey_camera(
             if store is None or local[path]:
                 return read_file_format(reader, path)
             _, index = load_episode_packet_index(reader, first_pos[path], camera, store=store)
-            return FileFormat(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template))
+            return FileFormat(index.codec, index.height, index.width, index.pix_fmt, stream_color(index.template),
+                              *_index_timing(index))  # fmt: skip
         except DatasetError as e:
             if not skip_unreadable:
                 raise

@@ -30,6 +30,7 @@ from .depth_maps import DepthUnit
 from .distributed import cpus_per_local_rank
 from .errors import CodecUnsupportedError, cameras_hint
 from .file_format_store import FileFormatStore
+from .file_timing import check_file_timing
 from .frame_lookup import TimestampSource, row_frame_numbers
 from .packet_index import PacketIndex
 from .packet_index_cache import load_episode_packet_index
@@ -135,7 +136,8 @@ class CameraRouter:
     ) -> DecodeRoute:
         """``route`` for ``camera``, its files surveyed (each one's header, up to a bound: :mod:`~.camera_codecs`),
         whatever decodes it: raises SchemaMismatchError naming the files whose frame size is not the first's (a batch
-        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it). Where DALI
+        is one tensor; before, a worker-decoded camera's odd file failed when a batch first reached it), and
+        FrameTimestampError naming those whose rate or end cannot meet their rows (:mod:`.file_timing`). Where DALI
         decodes the camera (NVDEC or its CPU decoder), the workers instead where the files differ in what that
         decoder holds them to: codec (on NVDEC pixel format and colour too), :func:`~.decode_route.route_for_codecs`.
         Without this a file cut by LeRobot's delete_episodes (re-encoded as AV1 among H.264 files) failed when a
@@ -145,6 +147,7 @@ class CameraRouter:
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
                                format_store=self.format_store, since=since)  # fmt: skip
         survey.check_sizes(self.reader.info.features[camera].declared_size)
+        check_file_timing(self.reader, survey, timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s)
         self.surveys[camera] = survey
         return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
 
@@ -258,6 +261,9 @@ class CameraPlanner(CameraRouter):
         ``first_rows`` where already read, looked up in its file; a union's other datasets' first episodes held to its
         format now, rather than when a batch first reaches them); that file's format kept as the camera's
         (``camera_formats``, which the workers hold every other file to)."""
+        if first_rows is None and self.reader.num_episodes:
+            # (rows that refuse info.json's fps say so first: the files' timing is held to it, :mod:`.file_timing`)
+            self.reader.read_episode(0, [])
         routes = {}
         surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
         indexes = {}

@@ -125,6 +125,12 @@ class Feature:
         return None
 
     @property
+    def declared_fps(self) -> float | None:
+        """The frame rate info.json declares for a camera's video (``video.fps``), where it is a positive number."""
+        rate = self.video.fps if self.video is not None else None
+        return rate if rate is not None and math.isfinite(rate) and rate > 0 else None
+
+    @property
     def is_host_value(self) -> bool:
         """Strings and LeRobot's ``language`` annotations: read as Python objects, batched as lists (as LeRobot's
         collate leaves them), never as tensors."""

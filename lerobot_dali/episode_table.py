@@ -618,8 +618,7 @@ def _video_file(files: CameraFiles, pos: int) -> str:
 def _declared_video_fps(info: DatasetInfo, key: str) -> float | None:
     """The frame rate info.json declares for camera ``key``'s video (``video.fps``), where it is a positive number."""
     feature = info.features.get(key)
-    rate = feature.video.fps if feature is not None and feature.video is not None else None
-    return rate if rate is not None and np.isfinite(rate) and rate > 0 else None
+    return None if feature is None else feature.declared_fps
 
 
 def _columns(files: CameraFiles) -> tuple[np.ndarray, ...]:

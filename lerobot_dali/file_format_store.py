@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 
 #: Version of the on-disk layout, part of every key (2: stamps without the device, which each host numbers a network
 #: share by; an entry of either kind read by the other version was all stale, and both rewrote it in turn. Several
-#: stamps a file, as rows of (path, size, version, format)).
-STORE_FORMAT = 2
+#: stamps a file, as rows of (path, size, version, format). 3: a format holds the stream's rate and end).
+STORE_FORMAT = 3
 #: Longest a process waits for another that surveys the same camera before it reads the headers itself.
 WAIT_S = 300.0
 #: Seconds between two looks at a lock another process holds.
@@ -153,7 +153,7 @@ def _body(kept: Kept) -> bytes:
     """``kept`` as an entry's JSON."""
     formats: dict[FileFormat, int] = {}
     files = [[path, *stamp, formats.setdefault(f, len(formats))] for (path, stamp), f in kept.items()]
-    rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color] for f in formats]
+    rows = [[f.codec, f.height, f.width, f.pix_fmt, *f.color, f.rate, f.end_s] for f in formats]
     return json.dumps({"formats": rows, "files": files}).encode()
 
 
@@ -191,12 +191,14 @@ def _load(entry: Path) -> Kept | None:
 def _parsed(raw: Any) -> Kept:
     """The files of an entry's JSON; raises ValueError where it holds anything else."""
     formats = []
-    for codec, height, width, pix_fmt, space, full in raw["formats"]:
+    for codec, height, width, pix_fmt, space, full, rate, end_s in raw["formats"]:
         if not (isinstance(codec, str) and type(height) is type(width) is type(space) is int):
             raise ValueError("it holds other values than video formats")
         if not (isinstance(pix_fmt, str | None) and isinstance(full, bool)):
             raise ValueError("it holds other values than video formats")
-        formats.append(FileFormat(codec, height, width, pix_fmt, (space, full)))
+        if not all(value is None or type(value) is float for value in (rate, end_s)):
+            raise ValueError("it holds other values than video formats")
+        formats.append(FileFormat(codec, height, width, pix_fmt, (space, full), rate, end_s))
     kept: Kept = {}
     n = len(formats)
     if not isinstance(raw["files"], list):

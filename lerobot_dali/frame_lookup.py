@@ -20,6 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import DataFileError, FrameRequestError, FrameTimestampError
+from .file_timing import FEWER_FRAMES, MORE_FRAMES
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
 
@@ -53,12 +54,6 @@ DEFAULT_TOLERANCE_S = 1e-4
 #: covered it up to 512 s only.
 TIE_FRACTION = 1e-3
 
-#: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
-_FEWER_FRAMES = 0.99
-#: A video whose frame rate is over this multiple of the rows' fps has more frames than the rows: a row may lie
-#: between two of them (10 fps rows over 25 fps video), which a wider tolerance_s reads. Up to it, a rate other than
-#: the rows' is a mismatch (29.97 fps video, 30 fps rows), which it does not.
-_MORE_FRAMES = 1.2
 
 #: How the advice of a wall-clock row names the option: the iterator's, and the command line's (check, bench, train).
 _BY_FRAME_INDEX = "timestamp_source='frame_index'; on the command line --timestamp-source frame_index"
@@ -340,7 +335,7 @@ def _raise_out_of_tolerance(
         )
     half_frame_s = float(np.median(np.diff(frame_s))) / 2 if frame_s.size > 1 else 0.0
     rows_fps = context.rows_fps if context is not None else None
-    video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > _MORE_FRAMES * rows_fps)
+    video_has_more_frames = bool(rows_fps and half_frame_s and 0.5 / half_frame_s > MORE_FRAMES * rows_fps)
     tick_s, tick_name = _frame_time_step(index)
     if hidden_s is not None or cut_short:
         pass  # (no frame rate or rounding explains a frame the edit list hides, or frames missing: the advice above)
@@ -360,7 +355,7 @@ def _raise_out_of_tolerance(
             f"{half_frame_s + 1e-4:.4g} (half a video frame; on the command line --tolerance-s "
             f"{half_frame_s + 1e-4:.4g}) to read the earlier of the two."
         )
-    elif rows_fps and half_frame_s and 0.5 / half_frame_s < _FEWER_FRAMES * rows_fps:
+    elif rows_fps and half_frame_s and 0.5 / half_frame_s < FEWER_FRAMES * rows_fps:
         # (a higher tolerance_s or frame_index / fps would read some frames for two rows: wrong frames)
         advice = (
             f"The video has fewer frames per second ({0.5 / half_frame_s:.4g}) than info.json's fps ({rows_fps:g}), "
@@ -380,7 +375,7 @@ def _raise_out_of_tolerance(
 
 def _other_stream_rate(index: PacketIndex, rows_fps: float, drift_s: float) -> float | None:
     """The frame rate of ``index``'s stream where it is not ``rows_fps`` (the rows' drift from the frames over the
-    file exceeds ``drift_s``: the frame times' rounding, or the tolerance) and is up to :data:`_MORE_FRAMES` times it;
+    file exceeds ``drift_s``: the frame times' rounding, or the tolerance) and is up to :data:`MORE_FRAMES` times it;
     None where it is ``rows_fps``, or the frames are not evenly spaced (to within two steps of their times' rounding,
     and less than half a frame: frames dropped, or wall-clock times), which have no one rate. (A time base as coarse
     as a frame, an AVI's ``1/fps``, rounds a dropped frame's gap to two steps.)"""
@@ -394,7 +389,7 @@ def _other_stream_rate(index: PacketIndex, rows_fps: float, drift_s: float) -> f
         return None
     span_s = float(frame_s[-1] - frame_s[0])
     stream_fps = (frame_s.size - 1) / span_s
-    if abs(span_s - (frame_s.size - 1) / rows_fps) <= drift_s or stream_fps > _MORE_FRAMES * rows_fps:
+    if abs(span_s - (frame_s.size - 1) / rows_fps) <= drift_s or stream_fps > MORE_FRAMES * rows_fps:
         return None
     return stream_fps
 

@@ -208,7 +208,13 @@ def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_
         "5 of 20 queries): that frame belongs to a neighbouring episode, the next in the file"
     )
     assert said in report.problems[0].message
-    with pytest.raises(DatasetError, match=re.escape("0.000000 s to 1.500000 s, where the next episode")):
+    # The iterator refuses it when built, from the metadata (the check above looked the rows up in the video).
+    said = (
+        "episode 0's rows run past its part of {}: its 20 rows at 10 fps from its from_timestamp 0.000000 s end at "
+        "1.900000 s, but the next episode of the file starts at 1.500000 s (its from_timestamp), so its last 5 rows "
+        "would read that episode's frames."
+    )
+    with pytest.raises(EpisodeMetadataError, match=re.escape(said.format(ds / f"videos/{CAM}/chunk-000/file-000.mp4"))):
         _first_pass(ds, episodes=[0])
 
 

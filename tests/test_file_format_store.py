@@ -28,7 +28,7 @@ from tests.process_tree import reports_of_processes_at_once
 
 CAM = "observation.images.cam0"
 SPEC = dict(episodes=6, frames_per_episode=4, cameras=1, fps=10, codec="h264", gop=2, size=(64, 96), version="v2.1")
-FORMAT = FileFormat("h264", 64, 96, "yuv420p", (2, False))
+FORMAT = FileFormat("h264", 64, 96, "yuv420p", (2, False), 10.0, 0.4)
 
 
 def _video(root: Path, episode: int) -> Path:
@@ -132,9 +132,13 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         lambda raw: raw.replace(b"h264", b"h265"),  # (its checksum disagrees)
         lambda raw: b"\x00" * len(raw),  # (a crash before the data reached the disk)
         lambda raw: b"5" * 64 + b"\n{}",  # (no checksum at all)
-        lambda raw: _checksummed(b'{"formats": [["h264", "64", 96, null, 2, false]], "files": {}}'),
+        lambda raw: _checksummed(b'{"formats": [["h264", "64", 96, null, 2, false, 10.0, 0.4]], "files": {}}'),
+        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false, "10", 0.4]], "files": {}}'),
+        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false]], "files": {}}'),
         lambda raw: _checksummed(b'{"formats": [], "files": {}}'),
-        lambda raw: _checksummed(b'{"formats": [["h264", 64, 96, null, 2, false]], "files": [["v.mp4", -1, "", 0]]}'),
+        lambda raw: _checksummed(
+            b'{"formats": [["h264", 64, 96, null, 2, false, 10.0, 0.4]], "files": [["v.mp4", -1, "", 0]]}'
+        ),
         lambda raw: _checksummed(b"[]"),
     ],
     ids=[
@@ -143,6 +147,8 @@ def _paths(tmp_path: Path, n: int = 5) -> list[str]:
         "zeroed",
         "garbage",
         "a-height-in-text",
+        "a-rate-in-text",
+        "format-2-rows",
         "files-as-an-object",
         "a-negative-size",
         "a-list",
@@ -172,7 +178,7 @@ def test_an_entry_holds_each_files_stat_stamp_and_format_index(tmp_path: Path) -
     store, paths = FileFormatStore(tmp_path / "store"), _paths(tmp_path, 2)
     stamps = [stamp_from_stat(os.stat(path)) for path in paths]
     files = [[path, stamp.size, stamp.version, 0] for path, stamp in zip(paths, stamps, strict=True)]
-    body = json.dumps({"formats": [["h264", 64, 96, "yuv420p", 2, False]], "files": files}).encode()
+    body = json.dumps({"formats": [["h264", 64, 96, "yuv420p", 2, False, 10.0, 0.4]], "files": files}).encode()
     entry = store.entry_for("ds", CAM)
     entry.parent.mkdir(parents=True)
     entry.write_bytes(_checksummed(body))

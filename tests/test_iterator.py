@@ -1042,16 +1042,16 @@ def _damage(root: Path, how: str) -> None:
         for offset, size in zip(index.byte_offset[1:].tolist(), index.size_bytes[1:].tolist(), strict=True):
             raw[offset : offset + size] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         video.write_bytes(bytes(raw))
-    elif how == "rows_past_video":  # the first episode of file-001 keeps 2 rows beyond its part of the video
+    elif how == "rows_past_video":  # episode 3's rows (file-001's second) timed 5 s on, past its video
+        # (an episode whose part of the file its rows overrun by their count, from meta/episodes, is refused when the
+        # iterator is built: tests/test_file_timing.py; times the rows hold are read in the workers)
         import pyarrow.parquet as pq
 
-        meta = root / "meta/episodes/chunk-000/file-000.parquet"
-        episodes = pq.read_table(meta).to_pylist()
-        key = "videos/observation.images.cam0"
-        first, second = [e for e in episodes if e[f"{key}/file_index"] == 1][:2]
-        first[f"{key}/to_timestamp"] -= 2 / FPS
-        second[f"{key}/from_timestamp"] -= 2 / FPS  # (where the first's part of the file ends)
-        pq.write_table(pa.Table.from_pylist(episodes, schema=pq.read_schema(meta)), meta)
+        data = root / "data/chunk-000/file-001.parquet"
+        table = pq.read_table(data)
+        later = np.where(np.asarray(table["episode_index"]) == 3, 5.0, 0.0).astype(np.float32)
+        timestamps = pa.array(np.asarray(table["timestamp"]) + later, table.schema.field("timestamp").type)
+        pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp", timestamps), data)
     elif how == "unknown_task":  # the task list lost task 1, which data rows still name
         import pyarrow.parquet as pq
 
@@ -1080,7 +1080,7 @@ def _damage(root: Path, how: str) -> None:
         ("h264", "corrupt_parquet", DataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
         ("h264", "missing_parquet", MissingDataFileError, r"episode [23]'s rows: .*data/chunk-000/file-001\.parquet"),
         ("h264", "unknown_task", EpisodeMetadataError, r"file-00\d\.parquet: episode \d+'s rows hold task_index 1\b"),
-        ("h264", "rows_past_video", FrameTimestampError, r"file-001\.mp4\): query .* neighbouring episode"),
+        ("h264", "rows_past_video", FrameTimestampError, r"episode 3, .*file-001\.mp4\): query timestamp 5\.\d+ s has"),
         ("vp9", "corrupt_packets", VideoDecodeError, r"file-001\.mp4: DALI cannot decode .* episode [23], camera "),
     ],
 )

@@ -21,6 +21,7 @@ from lerobot_dali.camera_plan import CameraPlanner
 from lerobot_dali.dataset_check import check_dataset
 from lerobot_dali.decode_route import DecodePreference, DecodeRoute, route_for_codecs
 from lerobot_dali.errors import CodecUnsupportedError, SchemaMismatchError, VideoDecodeError
+from lerobot_dali.frame_lookup import DEFAULT_TOLERANCE_S, TimestampSource
 from lerobot_dali.packet_index import build_packet_index
 from tests.video_fixtures import write_undecodable_mp4
 
@@ -141,13 +142,19 @@ def test_a_union_surveys_each_datasets_files(make_ds, copy_ds) -> None:
     it.close()
 
 
+def _planner_stand_in(root: Path) -> SimpleNamespace:
+    """What CameraPlanner._route_for_files reads of a planner over ``root`` (a fake GPU, no stores)."""
+    return SimpleNamespace(
+        reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={},
+        timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=DEFAULT_TOLERANCE_S,
+    )  # fmt: skip
+
+
 def test_a_dali_decoded_cameras_mixed_files_are_refused_at_build_for_decode_gpu(make_ds, copy_ds) -> None:
     """decode='gpu' (NVDEC or fail) on a camera whose files mix codecs fails when the iterator is built, naming the
     codecs (a fake GPU: the route as NVDEC chose it for the first file)."""
     root = _mixed(make_ds, copy_ds, "vp9", "av1")
-    built = SimpleNamespace(
-        reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={}
-    )
+    built = _planner_stand_in(root)
     with pytest.raises(CodecUnsupportedError, match=r"decode='gpu' .*\(files of vp9 2 files, av1 1 file\), .*one "
                        r"codec; .*lerobot-dali reencode"):  # fmt: skip
         CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.GPU)
@@ -171,9 +178,7 @@ def test_an_nvdec_camera_whose_files_differ_in_colour_tags_goes_to_the_workers(m
         for image in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
         container.mux(stream.encode())
-    built = SimpleNamespace(
-        reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={}
-    )
+    built = _planner_stand_in(root)
     with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
         route = CameraPlanner._route_for_files(built, CAM, DecodeRoute.NVDEC, DecodePreference.AUTO)
     assert route is DecodeRoute.CPU_FALLBACK

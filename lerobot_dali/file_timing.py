@@ -1,0 +1,171 @@
+"""Each surveyed video file's frame rate and end, held to its episodes' rows when the iterator is built.
+
+The iterator looks up only its first episode's first and last rows in their frames when it is built. A later file
+written at another frame rate than the rows, or whose frames end before its last episode's rows do (a
+``from_timestamp`` or length in meta/episodes that is wrong, a recording cut short), failed when a batch first reached
+one of its rows, maybe hours into training. Each file's header, read anyway to survey the camera
+(:mod:`.camera_codecs`), says its rate and where its frames end: enough to refuse such a file when the iterator is
+built, naming it, its episode and what to do. Within a file, an episode's rows running into the next episode's part
+(a from_timestamp two frames late, a length one too long) are refused from the metadata alone. All of it is held to
+info.json's fps, which the first episode's rows' timestamps were held to before (an fps they refuse is said first).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import EpisodeMetadataError, FrameTimestampError
+
+if TYPE_CHECKING:
+    from .camera_codecs import CameraSurvey, FileFormat
+    from .dataset_reader import LeRobotDatasetReader
+    from .frame_lookup import TimestampSource
+
+__all__ = ["FEWER_FRAMES", "MORE_FRAMES", "RATE_SLACK", "check_file_timing", "check_rows_fit_parts"]
+
+#: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
+FEWER_FRAMES = 0.99
+#: A video whose frame rate is over this multiple of the rows' fps has more frames than the rows: a row may lie
+#: between two of them (10 fps rows over 25 fps video), which a wider tolerance_s reads. Up to it, a rate other than
+#: the rows' is a mismatch (29.97 fps video, 30 fps rows), which it does not.
+MORE_FRAMES = 1.2
+#: How far a header's rate may be from the rows' fps before the file is refused when the iterator is built: a
+#: header's average rate is its frames over its duration, which a last frame held longer moves (the lookup, on each
+#: frame's time, finds a 29.97 fps file among 30 fps rows when a batch reaches it).
+RATE_SLACK = 0.01
+
+#: How the advice says to write a file again at the rows' rate.
+_SETPTS = "e.g. ffmpeg -i <video> -vf 'setpts=N/({fps:g}*TB)' -r {fps:g} <new video>"
+#: Files a refusal names; it counts the others.
+_NAMED = 5
+
+
+def check_file_timing(
+    reader: LeRobotDatasetReader, survey: CameraSurvey, *, timestamp_source: TimestampSource, tolerance_s: float
+) -> None:
+    """Raise FrameTimestampError naming ``survey``'s files (a camera's, :func:`~.camera_codecs.survey_camera`) whose
+    header says their frames cannot meet their rows: written at another rate than the rows' fps (slower, or faster
+    by less than :data:`MORE_FRAMES`), or ending before the last episode of the file has its last row's frame; and
+    EpisodeMetadataError where an episode's rows run into the next one's part of a file
+    (:func:`check_rows_fit_parts`).
+
+    A file's last episode's last row lies at ``from_timestamp + (length - 1) / fps`` (LeRobot writes frame ``i`` of
+    an episode at ``i / fps``); it is refused where that lies past the file's end by more than half a frame and the
+    lookup's tolerance, which no lookup reads. The end is where the last frame's display ends, as the header says: up
+    to a frame early where a remux lost the last packet's duration, so a file a frame short is left to the lookup,
+    which tells it when a batch reaches that row (``timestamp_source`` and ``tolerance_s``: the iterator's,
+    which a union's dataset may override; rows read by ``frame_index`` are at ``i / fps`` too)."""
+    fps = reader.fps
+    odd_rate = [
+        (path, f) for path, f in survey.formats.items() if f.rate is not None and not _rate_meets_rows(f.rate, fps)
+    ]
+    if odd_rate:
+        raise FrameTimestampError(_rate_refusal(survey, odd_rate, fps))
+    check_rows_fit_parts(reader, survey.camera)
+    files = reader.episodes.cameras[survey.camera]
+    lasts = np.flatnonzero(np.isnan(files.next_from_timestamp_s))  # (each file's last episode, of those read)
+    short = []
+    for pos in lasts.tolist():
+        path = reader.video(pos, survey.camera).path
+        f = survey.formats.get(path)
+        if f is None or f.end_s is None:
+            continue
+        last_row_s = float(files.from_timestamp_s[pos]) + (int(reader.episodes.length[pos]) - 1) / fps
+        _, tolerance = reader.frame_lookup(pos).over(timestamp_source, tolerance_s)
+        if last_row_s - f.end_s > max(0.5 / (f.rate or fps), tolerance):
+            short.append((path, pos, f, last_row_s))
+    if short:
+        raise FrameTimestampError(_end_refusal(reader, survey.camera, short, fps))
+
+
+def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str) -> None:
+    """Raise EpisodeMetadataError naming the first of ``reader``'s episodes whose rows run past its part of its
+    ``camera`` file into the next episode's: its last row, at ``from_timestamp + (length - 1) / fps``, lies less than
+    half a frame (at the faster of the rows' and the declared video rate) before the next episode's start, so that row
+    would read the next episode's frame. A file's last episode is held to the file's end instead
+    (:func:`check_file_timing`)."""
+    fps, table = reader.fps, reader.episodes
+    files = table.cameras[camera]
+    half_frame_s = 0.5 / max(fps, reader.info.features[camera].declared_fps or fps)
+    last_s = files.from_timestamp_s + (table.length - 1) / fps
+    over = last_s > files.next_from_timestamp_s - half_frame_s  # (NaN, a file's last episode, compares False)
+    if not over.any():
+        return
+    pos = int(np.flatnonzero(over)[0])
+    episode, length = int(table.episode_index[pos]), int(table.length[pos])
+    start, end = float(files.from_timestamp_s[pos]), float(files.next_from_timestamp_s[pos])
+    past = max(1, length - int(np.floor((end - half_frame_s - start) * fps)) - 1)
+    more = f" ({int(over.sum())} episodes in all)" if over.sum() > 1 else ""
+    raise EpisodeMetadataError(
+        f"{reader.source_of(pos)}: camera {camera!r}: episode {episode}'s rows run past its part of "
+        f"{reader.video(pos, camera).path}{more}: its {length} rows at {fps:g} fps from its from_timestamp "
+        f"{start:.6f} s end at {last_s[pos]:.6f} s, but the next episode of the file starts at {end:.6f} s (its "
+        f"from_timestamp), so its last {'row' if past == 1 else f'{past} rows'} would read that episode's frames. "
+        "The episode's length or either from_timestamp in meta/episodes is wrong: regenerate the episode metadata, "
+        "or leave the episode out with episodes=[...]"
+    )
+
+
+def _rate_meets_rows(rate: float, fps: float) -> bool:
+    """Whether frames at ``rate`` a second meet rows at ``fps``: the same rate (within :data:`RATE_SLACK`), or more
+    than :data:`MORE_FRAMES` times it (every row has a frame near it)."""
+    return abs(rate - fps) <= RATE_SLACK * fps or rate > MORE_FRAMES * fps
+
+
+def _rate_refusal(survey: CameraSurvey, odd: list[tuple[str, FileFormat]], fps: float) -> str:
+    camera = f"camera {survey.camera!r}"
+    files = "; ".join(
+        f"{path} (episode {survey.episodes[path]}, {camera}) is written at {f.rate:.4g} fps" for path, f in odd[:_NAMED]
+    )
+    more = f" (and {len(odd) - _NAMED} more files)" if len(odd) > _NAMED else ""
+    fewer = any(f.rate is not None and f.rate < FEWER_FRAMES * fps for _, f in odd)
+    why = "it has fewer frames than its rows" if fewer else "its frames drift off the rows' times"
+    it, its = ("it", "its") if len(odd) == 1 else ("each", "their")
+    return (
+        f"{files}{more} (its header), but the rows are at info.json's fps, {fps:g}: {why}, and rows would miss their "
+        f"frames when a batch reaches them. Write {it} again at {fps:g} fps, frame k at k / {fps:g} s "
+        f"({_SETPTS.format(fps=fps)}), or leave {its} episodes out with episodes=[...]"
+    )
+
+
+def _end_refusal(
+    reader: LeRobotDatasetReader, camera: str, short: list[tuple[str, int, FileFormat, float]], fps: float
+) -> str:
+    named = []
+    for path, pos, f, last_row_s in short[:_NAMED]:
+        episode = int(reader.episodes.episode_index[pos])
+        start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
+        length = int(reader.episodes.length[pos])
+        named.append(
+            f"{path} (camera {camera!r}) ends at {f.end_s:.6f} s (its header{_at_rate(f)}), but episode {episode}, its "
+            f"last, has {length} rows at {fps:g} fps from its from_timestamp {start:.6f} s, the last at "
+            f"{last_row_s:.6f} s"
+        )
+    more = f" (and {len(short) - _NAMED} more files)" if len(short) > _NAMED else ""
+    if all(_as_many_frames_as_rows(f, last_row_s, fps) for _, _, f, last_row_s in short):
+        # (a frame for each row up to the episode's end, but closer together: a whole file written at another rate)
+        return (
+            f"{'; '.join(named)}{more}: it holds a frame for each row up to that end, closer together than 1 / "
+            f"{fps:g} s: written at another frame rate than its rows'. Write it again at {fps:g} fps, frame k at k / "
+            f"{fps:g} s ({_SETPTS.format(fps=fps)}), or leave its episodes out with episodes=[...]"
+        )
+    return (
+        f"{'; '.join(named)}{more}: the file lost its last frames (a partial download or copy: download or copy it "
+        "again; one cut short when recorded: re-encode the episode from its frames), or the episode's length or "
+        "from_timestamp in meta/episodes is wrong (regenerate the episode metadata); or leave the episode out with "
+        "episodes=[...]"
+    )
+
+
+def _at_rate(f: FileFormat) -> str:
+    return "" if f.rate is None else f": {f.rate:.4g} fps"
+
+
+def _as_many_frames_as_rows(f: FileFormat, last_row_s: float, fps: float) -> bool:
+    """Whether ``f`` holds as many frames (at its own rate) as there are rows at ``fps`` up to the one at
+    ``last_row_s``: a file written at another rate, not one cut short."""
+    if f.rate is None or f.end_s is None or abs(f.rate - fps) <= RATE_SLACK * fps:
+        return False
+    return round(f.end_s * f.rate) == round(last_row_s * fps) + 1

@@ -1,0 +1,167 @@
+"""A video file whose frame rate or end cannot meet its episodes' rows, and an episode whose rows run into the next
+one's part of a file, are refused when the iterator is built (lerobot_dali.file_timing), naming the file, the episode
+and the values; before, they failed when a batch first reached such a row, maybe hours into training."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from lerobot_dali import DALILeRobotIterator, open_dataset
+from lerobot_dali.camera_codecs import read_file_format, survey_camera
+from lerobot_dali.errors import EpisodeMetadataError, FrameTimestampError
+from lerobot_dali.generate import encode_video
+from lerobot_dali.packet_index_store import PacketIndexStore
+
+FPS = 10
+CAM = "observation.images.cam0"
+#: file-000 holds episodes 0-1, file-001 2-3 (8 rows each: 0.0-0.7 s and 0.8-1.5 s of the file), file-002 4-5.
+SPEC = dict(episodes=6, frames_per_episode=8, cameras=1, fps=FPS, gop=4, episodes_per_file=2, size=(64, 96), seed=3)
+ODD = f"videos/{CAM}/chunk-000/file-001.mp4"
+
+
+def _rewrite(path: Path, *, fps: int, keep: int | None = None, codec: str = "h264") -> None:
+    """``path``'s frames written again at ``fps`` (frame k at k / fps), its first ``keep`` only."""
+    with av.open(str(path)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    encode_video(path, frames[:keep], fps=fps, codec=codec, gop=4)
+
+
+def _build(root: Path, **options) -> DALILeRobotIterator:
+    return DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, drop_last=False, **options)
+
+
+def _rows_read(it: DALILeRobotIterator) -> int:
+    try:
+        return sum(len(batch["index"]) for batch in it)
+    finally:
+        it.close()
+
+
+def _first_batch_frames(it: DALILeRobotIterator) -> int:
+    batch = next(iter(it))
+    it.close()
+    return int(batch[CAM].shape[0])
+
+
+@pytest.mark.parametrize(
+    ("rate", "why"),
+    [(8, "it has fewer frames than its rows"), (11, "its frames drift off the rows' times")],
+)
+def test_a_file_written_at_another_rate_is_refused_when_built(make_ds, copy_ds, rate: int, why: str) -> None:
+    """file-001 written at 8 fps (or 11: up to 1.2 times the rows' rate, a row lies between two frames) among 10 fps
+    files: its rows' frames miss; the first episode's file is right, so the build passed before."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _rewrite(root / ODD, fps=rate)
+    said = (
+        f"{root / ODD} (episode 2, camera '{CAM}') is written at {rate} fps (its header), but the rows are at "
+        f"info.json's fps, 10: {why}, and rows would miss their frames when a batch reaches them. Write it again at "
+        "10 fps, frame k at k / 10 s (e.g. ffmpeg -i <video> -vf 'setpts=N/(10*TB)' -r 10 <new video>), or leave its "
+        "episodes out with episodes=[...]"
+    )
+    with pytest.raises(FrameTimestampError, match=re.escape(said)):
+        _build(root)
+    assert _first_batch_frames(_build(root, episodes=[0, 1, 4, 5])) == 4  # (left out: the others read)
+
+
+def test_a_file_twice_as_fast_as_its_rows_is_told_written_at_another_rate(make_ds, copy_ds) -> None:
+    """At 20 fps (more than 1.2 times the rows': a rate that reads) its 16 frames end at 0.8 s, where episode 3's
+    rows begin: told as a file written at another rate, not one cut short."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _rewrite(root / ODD, fps=20)
+    said = (
+        f"{root / ODD} (camera '{CAM}') ends at 0.800000 s (its header: 20 fps), but episode 3, its last, has 8 rows "
+        "at 10 fps from its from_timestamp 0.800000 s, the last at 1.500000 s: it holds a frame for each row up to "
+        "that end, closer together than 1 / 10 s: written at another frame rate than its rows'. Write it again at 10 "
+        "fps"
+    )
+    with pytest.raises(FrameTimestampError, match=re.escape(said)):
+        _build(root)
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_a_file_that_lost_its_last_frames_is_refused_when_built(make_ds, copy_ds, version: str) -> None:
+    """The file's last episode's last 3 rows have no frame (a copy cut short and re-muxed whole, or a recording cut
+    short): refused naming the file, the episode and both ends; a v2.1 episode's own file alike."""
+    root = copy_ds(make_ds(**SPEC, codec="h264", version=version))
+    cut = ODD if version == "v3.0" else f"videos/chunk-000/{CAM}/episode_000003.mp4"
+    frames, start = (13, 0.8) if version == "v3.0" else (5, 0.0)
+    _rewrite(root / cut, fps=FPS, keep=frames)
+    said = (
+        f"{root / cut} (camera '{CAM}') ends at {frames / FPS:.6f} s (its header: 10 fps), but episode 3, its last, "
+        f"has 8 rows at 10 fps from its from_timestamp {start:.6f} s, the last at {start + 0.7:.6f} s: the file lost "
+        "its last frames (a partial download or copy: download or copy it again; one cut short when recorded: "
+        "re-encode the episode from its frames), or the episode's length or from_timestamp in meta/episodes is wrong"
+    )
+    with pytest.raises(FrameTimestampError, match=re.escape(said)):
+        _build(root)
+
+
+def test_a_file_two_frames_short_reads_where_the_tolerance_reaches_its_last_frame(make_ds, copy_ds) -> None:
+    """Two frames short: the last row lies 0.1 s past the file's end, refused by default; a tolerance_s of 0.25
+    reads it from the last frame (0.2 s off), as the lookup does, so the build does not refuse it."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _rewrite(root / ODD, fps=FPS, keep=14)
+    with pytest.raises(FrameTimestampError, match=r"ends at 1\.400000 s .* the last at 1\.500000 s"):
+        _build(root)
+    assert _rows_read(_build(root, tolerance_s=0.25, episodes=[3])) == 8
+
+
+def test_a_file_one_frame_short_is_left_to_the_lookup(make_ds, copy_ds) -> None:
+    """One frame short, the header's end is the last row's time: a remux that lost the last packet's duration looks
+    alike, so the build passes it, and the lookup refuses the row when a batch reaches it."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _rewrite(root / ODD, fps=FPS, keep=15)
+    with pytest.raises(FrameTimestampError, match=r"query timestamp 1\.500000 s has no video frame"):
+        _rows_read(_build(root, episodes=[3]))
+
+
+def _set_from_timestamp(root: Path, episode: int, value: float) -> None:
+    path = next((root / "meta/episodes").rglob("*.parquet"))
+    table = pq.read_table(path)
+    column = f"videos/{CAM}/from_timestamp"
+    values = table[column].to_numpy().copy()
+    values[np.asarray(table["episode_index"]) == episode] = value
+    pq.write_table(table.set_column(table.column_names.index(column), column, [values]), path)
+
+
+@pytest.mark.parametrize(("early", "past"), [(0.2, "2 rows"), (0.1, "row")])
+def test_an_episode_whose_next_starts_too_early_is_refused_when_built(make_ds, copy_ds, early: float, past: str):
+    """Episode 3's from_timestamp two frames early (or one): episode 2's last rows would read episode 3's frames,
+    though episode 3 is left out; the first episode's rows find theirs, so the build passed before."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _set_from_timestamp(root, 3, 0.8 - early)
+    said = (
+        f"{root}: camera '{CAM}': episode 2's rows run past its part of {root / ODD}: its 8 rows at 10 fps from its "
+        f"from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at {0.8 - early:.6f} s "
+        f"(its from_timestamp), so its last {past} would read that episode's frames."
+    )
+    with pytest.raises(EpisodeMetadataError, match=re.escape(said)):
+        _build(root, episodes=[0, 2])
+
+
+def test_remote_files_are_timed_from_their_packet_indexes_as_local_ones_from_their_headers(
+    make_ds, copy_ds, tmp_path, monkeypatch
+) -> None:
+    """A remote dataset's files are surveyed from their packet indexes: their rate and end there are the header's
+    (a file at 8 fps too), so the iterator refuses such a file alike."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
+    root = copy_ds(make_ds(**SPEC, codec="vp9"))
+    _rewrite(root / ODD, fps=8, codec="vp9")
+    local = open_dataset(root)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    positions = [0, 2, 4]
+    indexed = survey_camera(remote, CAM, positions, store=PacketIndexStore(tmp_path / "store")).formats
+    headers = [read_file_format(local, local.video(pos, CAM).path) for pos in positions]
+    assert [(f.rate, f.end_s) for f in headers] == [(10.0, 1.6), (8.0, 2.0), (10.0, 1.6)]
+    for f, header in zip(indexed.values(), headers, strict=True):
+        assert f.rate == pytest.approx(header.rate, rel=1e-9) and f.end_s == pytest.approx(header.end_s, abs=1e-9)
+    with pytest.raises(FrameTimestampError, match=r"file-001\.mp4 \(episode 2, .*\) is written at 8 fps"):
+        _build(remote)
