@@ -73,6 +73,9 @@ class CameraRouter:
     timestamp_source: TimestampSource
     tolerance_s: float
     cpu_decode: CpuDecodeOptions  # the workers' decoder: :meth:`check_backend`
+    #: Per camera, the rows at each episode's end whose frames no sample reads
+    #: (:meth:`~.windows.DeltaWindows.unread_tail`): the files' timing is held to the rows read (:mod:`.file_timing`).
+    unread_tail: Mapping[str, int] = field(default_factory=dict)
     #: Every video file's packet index, kept on disk (a local one's too, keyed by its stat): a dataset of thousands
     #: of video files outgrows the workers' bounded caches, and each file dropped was demuxed again (92,000 episodes,
     #: 3 cameras, 30,000-frame files: ~60 ms each, ~6 a batch of 8), where loading one takes 1-4 ms.
@@ -147,7 +150,8 @@ class CameraRouter:
         survey = survey_camera(self.reader, camera, positions, skip_unreadable=True, store=self.remote_index_store,
                                format_store=self.format_store, since=since)  # fmt: skip
         survey.check_sizes(self.reader.info.features[camera].declared_size)
-        check_file_timing(self.reader, survey, timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s)
+        check_file_timing(self.reader, survey, timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s,
+                          unread_tail=self.unread_tail.get(camera, 0))  # fmt: skip
         self.surveys[camera] = survey
         return route_for_survey(survey, route, preference, on_gpu=self.device_id is not None)
 
@@ -160,16 +164,16 @@ class CameraRouter:
     ) -> None:
         """Timestamps that miss the video (wall-clock time, rows shifted a frame, the wrong fps) fail here, when
         the iterator is built, rather than in a worker when a batch first reaches the row, maybe hours into
-        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read) must find their
-        frames in every camera's file."""
+        training: episode ``pos``'s first and last rows (of ``rows``, its rows if already read; the last a sample
+        reads: :attr:`unread_tail`) must find their frames in every camera's file."""
         if not indexes:
             return
         if rows is None:
             rows = self.reader.read_episode(pos, [])
-        ends = np.array([0, len(rows["timestamp"]) - 1])
         for camera, index in indexes.items():
+            last = len(rows["timestamp"]) - 1 - self.unread_tail.get(camera, 0)  # (the last row a sample reads)
             row_frame_numbers(
-                self.reader, pos, camera, rows, ends, index,
+                self.reader, pos, camera, rows, np.array([0, max(last, 0)]), index,
                 timestamp_source=self.timestamp_source, tolerance_s=self.tolerance_s,
             )  # fmt: skip
 

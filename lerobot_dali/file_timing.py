@@ -43,7 +43,12 @@ _NAMED = 5
 
 
 def check_file_timing(
-    reader: LeRobotDatasetReader, survey: CameraSurvey, *, timestamp_source: TimestampSource, tolerance_s: float
+    reader: LeRobotDatasetReader,
+    survey: CameraSurvey,
+    *,
+    timestamp_source: TimestampSource,
+    tolerance_s: float,
+    unread_tail: int = 0,
 ) -> None:
     """Raise FrameTimestampError naming ``survey``'s files (a camera's, :func:`~.camera_codecs.survey_camera`) whose
     header says their frames cannot meet their rows: written at another rate than the rows' fps (slower, or faster
@@ -56,14 +61,16 @@ def check_file_timing(
     lookup's tolerance, which no lookup reads. The end is where the last frame's display ends, as the header says: up
     to a frame early where a remux lost the last packet's duration, so a file a frame short is left to the lookup,
     which tells it when a batch reaches that row (``timestamp_source`` and ``tolerance_s``: the iterator's,
-    which a union's dataset may override; rows read by ``frame_index`` are at ``i / fps`` too)."""
+    which a union's dataset may override; rows read by ``frame_index`` are at ``i / fps`` too). ``unread_tail``: the
+    rows at each episode's end whose frames no sample reads (``drop_n_last_frames`` beyond the camera's window), which
+    are held to nothing: LeRobot never reads them either."""
     fps = reader.fps
     odd_rate = [
         (path, f) for path, f in survey.formats.items() if f.rate is not None and not _rate_meets_rows(f.rate, fps)
     ]
     if odd_rate:
         raise FrameTimestampError(_rate_refusal(survey, odd_rate, fps))
-    check_rows_fit_parts(reader, survey.camera)
+    check_rows_fit_parts(reader, survey.camera, unread_tail=unread_tail)
     files = reader.episodes.cameras[survey.camera]
     lasts = np.flatnonzero(np.isnan(files.next_from_timestamp_s))  # (each file's last episode, of those read)
     short = []
@@ -72,39 +79,54 @@ def check_file_timing(
         f = survey.formats.get(path)
         if f is None or f.end_s is None:
             continue
-        last_row_s = float(files.from_timestamp_s[pos]) + (int(reader.episodes.length[pos]) - 1) / fps
+        last_row = int(reader.episodes.length[pos]) - 1 - unread_tail
+        if last_row < 0:
+            continue
+        last_row_s = float(files.from_timestamp_s[pos]) + last_row / fps
         _, tolerance = reader.frame_lookup(pos).over(timestamp_source, tolerance_s)
         if last_row_s - f.end_s > max(0.5 / (f.rate or fps), tolerance):
             short.append((path, pos, f, last_row_s))
     if short:
-        raise FrameTimestampError(_end_refusal(reader, survey.camera, short, fps))
+        raise FrameTimestampError(_end_refusal(reader, survey.camera, short, fps, unread_tail))
 
 
-def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str) -> None:
+def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_tail: int = 0) -> None:
     """Raise EpisodeMetadataError naming the first of ``reader``'s episodes whose rows run past its part of its
     ``camera`` file into the next episode's: its last row, at ``from_timestamp + (length - 1) / fps``, lies less than
     half a frame (at the faster of the rows' and the declared video rate) before the next episode's start, so that row
-    would read the next episode's frame. A file's last episode is held to the file's end instead
-    (:func:`check_file_timing`)."""
+    would read the next episode's frame (``unread_tail``: the rows at its end whose frames no sample reads, left out).
+    A file's last episode is held to the file's end instead (:func:`check_file_timing`)."""
     fps, table = reader.fps, reader.episodes
     files = table.cameras[camera]
     half_frame_s = 0.5 / max(fps, reader.info.features[camera].declared_fps or fps)
-    last_s = files.from_timestamp_s + (table.length - 1) / fps
-    over = last_s > files.next_from_timestamp_s - half_frame_s  # (NaN, a file's last episode, compares False)
+    read = table.length - unread_tail  # (rows whose frames a sample reads)
+    last_s = files.from_timestamp_s + (read - 1) / fps
+    over = (read > 0) & (last_s > files.next_from_timestamp_s - half_frame_s)  # (NaN, a file's last: False)
     if not over.any():
         return
     pos = int(np.flatnonzero(over)[0])
     episode, length = int(table.episode_index[pos]), int(table.length[pos])
     start, end = float(files.from_timestamp_s[pos]), float(files.next_from_timestamp_s[pos])
-    past = max(1, length - int(np.floor((end - half_frame_s - start) * fps)) - 1)
+    past = max(1, int(read[pos]) - int(np.floor((end - half_frame_s - start) * fps)) - 1)
     more = f" ({int(over.sum())} episodes in all)" if over.sum() > 1 else ""
     raise EpisodeMetadataError(
         f"{reader.source_of(pos)}: camera {camera!r}: episode {episode}'s rows run past its part of "
         f"{reader.video(pos, camera).path}{more}: its {length} rows at {fps:g} fps from its from_timestamp "
-        f"{start:.6f} s end at {last_s[pos]:.6f} s, but the next episode of the file starts at {end:.6f} s (its "
-        f"from_timestamp), so its last {'row' if past == 1 else f'{past} rows'} would read that episode's frames. "
+        f"{start:.6f} s{_last_row_said(unread_tail, float(last_s[pos]), ' end at')}, but the next episode of the "
+        f"file starts at {end:.6f} s (its from_timestamp), so its last {'row' if past == 1 else f'{past} rows'}"
+        f"{' read' if unread_tail else ''} would read that episode's frames. "
         "The episode's length or either from_timestamp in meta/episodes is wrong: regenerate the episode metadata, "
         "or leave the episode out with episodes=[...]"
+    )
+
+
+def _last_row_said(unread_tail: int, last_s: float, plain: str) -> str:
+    """Where an episode's last row read lies, said after its rows (``plain``, where every row is read)."""
+    if not unread_tail:
+        return f"{plain} {last_s:.6f} s"
+    return (
+        f", the last a sample reads at {last_s:.6f} s (its last {unread_tail} lie past every window: "
+        "drop_n_last_frames)"
     )
 
 
@@ -131,7 +153,11 @@ def _rate_refusal(survey: CameraSurvey, odd: list[tuple[str, FileFormat]], fps: 
 
 
 def _end_refusal(
-    reader: LeRobotDatasetReader, camera: str, short: list[tuple[str, int, FileFormat, float]], fps: float
+    reader: LeRobotDatasetReader,
+    camera: str,
+    short: list[tuple[str, int, FileFormat, float]],
+    fps: float,
+    unread_tail: int,
 ) -> str:
     named = []
     for path, pos, f, last_row_s in short[:_NAMED]:
@@ -140,8 +166,8 @@ def _end_refusal(
         length = int(reader.episodes.length[pos])
         named.append(
             f"{path} (camera {camera!r}) ends at {f.end_s:.6f} s (its header{_at_rate(f)}), but episode {episode}, its "
-            f"last, has {length} rows at {fps:g} fps from its from_timestamp {start:.6f} s, the last at "
-            f"{last_row_s:.6f} s"
+            f"last, has {length} rows at {fps:g} fps from its from_timestamp {start:.6f} s"
+            f"{_last_row_said(unread_tail, last_row_s, ', the last at')}"
         )
     more = f" (and {len(short) - _NAMED} more files)" if len(short) > _NAMED else ""
     if all(_as_many_frames_as_rows(f, last_row_s, fps) for _, _, f, last_row_s in short):

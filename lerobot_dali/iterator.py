@@ -244,6 +244,7 @@ class DALILeRobotIterator:
             depth_unit=self._depth_unit,
             timestamp_source=self._timestamp_source,
             tolerance_s=self._tolerance_s,
+            unread_tail={key: self.windows.unread_tail(key, drop_n_last_frames) for key in self.reader.camera_keys},
             image_size=self._image_size,
             cpu_decode=self._cpu_decode,
             augment=self._augment,

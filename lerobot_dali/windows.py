@@ -126,6 +126,14 @@ class DeltaWindows:
         """``T`` of ``key``'s window (``1`` for a camera without deltas)."""
         return len(self.delta_index[key]) if key in self.delta_index else 1
 
+    def unread_tail(self, key: str, drop_n_last_frames: int) -> int:
+        """The rows at an episode's end whose ``key`` values no sample reads: no anchor lies among its last
+        ``drop_n_last_frames`` rows, and ``key``'s window reaches its furthest offset past its anchor (a row past the
+        episode's end is padding, not read). Diffusion Policy's cameras (offsets -1 and 0, 7 rows dropped) read none
+        of the last 7 frames."""
+        reach = int(self.delta_index[key].max()) if key in self.delta_index else 0
+        return max(0, int(drop_n_last_frames) - reach)
+
     def squeeze_camera(self, key: str) -> bool:
         """Whether the decoded ``(T, C, H, W)`` of camera ``key`` loses its first axis, as in LeRobot."""
         if key not in self.camera_keys:

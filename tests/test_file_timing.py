@@ -112,6 +112,28 @@ def test_a_file_two_frames_short_reads_where_the_tolerance_reaches_its_last_fram
     assert _rows_read(_build(root, tolerance_s=0.25, episodes=[3])) == 8
 
 
+_ONE_UNREAD = "the last a sample reads at 1.400000 s (its last 1 lie past every window: drop_n_last_frames)"
+
+
+@pytest.mark.parametrize(
+    ("deltas", "drop", "said"),
+    [([-0.1, 0.0], 3, None), ([-0.1, 0.0], 1, _ONE_UNREAD), ([0.0, 0.2], 3, _ONE_UNREAD)],
+)
+def test_rows_no_sample_reads_are_not_held_to_the_file(make_ds, copy_ds, deltas, drop: int, said: str | None) -> None:
+    """Three frames short, read as Diffusion Policy reads (the camera's window -1..0, its episodes' last rows never
+    anchors): with drop_n_last_frames=3 no sample reads the frames lost, as in LeRobot, so the build passes and every
+    sample reads; with 1 dropped, or a window reaching 2 rows on, the last row read lies past the file's end. (The
+    episode read first: its first and last rows looked up when built, the last one read too.)"""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _rewrite(root / ODD, fps=FPS, keep=13)
+    options = dict(delta_timestamps={CAM: deltas}, drop_n_last_frames=drop, episodes=[3])
+    if said is None:
+        assert _rows_read(_build(root, **options)) == 8 - drop
+        return
+    with pytest.raises(FrameTimestampError, match=re.escape(f"from its from_timestamp 0.800000 s, {said}")):
+        _build(root, **options)
+
+
 def test_a_file_one_frame_short_is_left_to_the_lookup(make_ds, copy_ds) -> None:
     """One frame short, the header's end is the last row's time: a remux that lost the last packet's duration looks
     alike, so the build passes it, and the lookup refuses the row when a batch reaches it."""

@@ -146,7 +146,7 @@ def _planner_stand_in(root: Path) -> SimpleNamespace:
     """What CameraPlanner._route_for_files reads of a planner over ``root`` (a fake GPU, no stores)."""
     return SimpleNamespace(
         reader=open_dataset(root), device_id=0, remote_index_store=None, format_store=None, surveys={},
-        timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=DEFAULT_TOLERANCE_S,
+        timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=DEFAULT_TOLERANCE_S, unread_tail={},
     )  # fmt: skip
 
 

@@ -199,3 +199,15 @@ def test_query_indices_of_unsigned_frames_or_deltas_are_int64_rows() -> None:
             [[False, False, False], [False, True, True]] if unsigned else [[True, False, False], [False, False, True]]
         )
         np.testing.assert_array_equal(pad, pads)
+
+
+@pytest.mark.parametrize(
+    ("deltas", "drop", "unread"),
+    [([-0.1, 0.0], 7, 7), ([0.0, 0.2], 3, 1), ([0.0, 0.5], 3, 0), ([-1.0], 0, 10), (None, 2, 2)],
+)
+def test_unread_tail_counts_the_rows_no_window_reaches(deltas: list[float] | None, drop: int, unread: int) -> None:
+    """Rows at an episode's end no sample reads: Diffusion Policy's cameras (-1..0, 7 dropped) none of the last 7; a
+    window 2 rows on, 3 dropped: the last; 5 on: every row; only 1 s back: the last 10 (10 fps); no window: the
+    dropped."""
+    windows = _windows({} if deltas is None else {"cam": deltas}, camera_keys=["cam"])
+    assert windows.unread_tail("cam", drop) == unread
