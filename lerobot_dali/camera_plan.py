@@ -265,8 +265,9 @@ class CameraPlanner(CameraRouter):
         ``first_rows`` where already read, looked up in its file; a union's other datasets' first episodes held to its
         format now, rather than when a batch first reaches them); that file's format kept as the camera's
         (``camera_formats``, which the workers hold every other file to)."""
-        if first_rows is None and self.reader.num_episodes:
-            # (rows that refuse info.json's fps say so first: the files' timing is held to it, :mod:`.file_timing`)
+        if first_rows is None and self.reader.num_episodes and self.reader.camera_keys:
+            # (rows that refuse info.json's fps say so first: the files' timing is held to it, :mod:`.file_timing`;
+            # the first rows' lookup below read them again, and failed alike, after the files were surveyed)
             self.reader.read_episode(0, [])
         routes = {}
         surveys_since = time.monotonic()  # (one wait, however many cameras: its progress shows past 2 s in all)
