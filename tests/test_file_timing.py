@@ -36,6 +36,11 @@ def _build(root: Path, **options) -> DALILeRobotIterator:
     return DALILeRobotIterator(root, batch_size=4, device="cpu", num_workers=0, drop_last=False, **options)
 
 
+def _refused_when_built(root: Path, said: str, error: type[Exception] = FrameTimestampError, **options) -> None:
+    with pytest.raises(error, match=re.escape(said)):
+        _build(root, **options)
+
+
 def _rows_read(it: DALILeRobotIterator) -> int:
     try:
         return sum(len(batch["index"]) for batch in it)
@@ -64,8 +69,7 @@ def test_a_file_written_at_another_rate_is_refused_when_built(make_ds, copy_ds, 
         "10 fps, frame k at k / 10 s (e.g. ffmpeg -i <video> -vf 'setpts=N/(10*TB)' -r 10 <new video>), or leave its "
         "episodes out with episodes=[...]"
     )
-    with pytest.raises(FrameTimestampError, match=re.escape(said)):
-        _build(root)
+    _refused_when_built(root, said)
     assert _first_batch_frames(_build(root, episodes=[0, 1, 4, 5])) == 4  # (left out: the others read)
 
 
@@ -80,8 +84,7 @@ def test_a_file_twice_as_fast_as_its_rows_is_told_written_at_another_rate(make_d
         "that end, closer together than 1 / 10 s: written at another frame rate than its rows'. Write it again at 10 "
         "fps"
     )
-    with pytest.raises(FrameTimestampError, match=re.escape(said)):
-        _build(root)
+    _refused_when_built(root, said)
 
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
@@ -98,8 +101,7 @@ def test_a_file_that_lost_its_last_frames_is_refused_when_built(make_ds, copy_ds
         "its last frames (a partial download or copy: download or copy it again; one cut short when recorded: "
         "re-encode the episode from its frames), or the episode's length or from_timestamp in meta/episodes is wrong"
     )
-    with pytest.raises(FrameTimestampError, match=re.escape(said)):
-        _build(root)
+    _refused_when_built(root, said)
 
 
 def test_a_file_two_frames_short_reads_where_the_tolerance_reaches_its_last_frame(make_ds, copy_ds) -> None:
@@ -130,8 +132,7 @@ def test_rows_no_sample_reads_are_not_held_to_the_file(make_ds, copy_ds, deltas,
     if said is None:
         assert _rows_read(_build(root, **options)) == 8 - drop
         return
-    with pytest.raises(FrameTimestampError, match=re.escape(f"from its from_timestamp 0.800000 s, {said}")):
-        _build(root, **options)
+    _refused_when_built(root, f"from its from_timestamp 0.800000 s, {said}", **options)
 
 
 def test_a_file_one_frame_short_is_left_to_the_lookup(make_ds, copy_ds) -> None:
@@ -163,8 +164,7 @@ def test_an_episode_whose_next_starts_too_early_is_refused_when_built(make_ds, c
         f"from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at {0.8 - early:.6f} s "
         f"(its from_timestamp), so its last {past} would read that episode's frames."
     )
-    with pytest.raises(EpisodeMetadataError, match=re.escape(said)):
-        _build(root, episodes=[0, 2])
+    _refused_when_built(root, said, EpisodeMetadataError, episodes=[0, 2])
 
 
 def test_remote_files_are_timed_from_their_packet_indexes_as_local_ones_from_their_headers(
