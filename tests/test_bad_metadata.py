@@ -38,7 +38,7 @@ def ds(make_ds, copy_ds) -> Path:
 
 
 def _first_pass(root: Path, **kwargs) -> list[dict]:
-    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, **kwargs)
+    it = DALILeRobotIterator(root, **{"batch_size": 4, "shuffle": False, "device": "cpu", "num_workers": 0, **kwargs})
     try:
         return list(it)
     finally:
@@ -467,6 +467,28 @@ def test_vectors_of_another_length_in_one_data_file_alone_are_told_to_rewrite_it
         r".*this one alone differs: rewrite it, or leave out its episodes \(episodes=\[\.\.\.\] of the others\)$",
     ):
         _first_pass(ds)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_vectors_of_another_length_in_one_episodes_rows_name_the_episode(ds: Path, workers: int) -> None:
+    """Episode 3's actions 6 values long in file-001, which also holds episode 2's of 7 (info.json's): found as its
+    rows are read (in a worker, or in the training process), the error named the data file and the column, not the
+    episode, which a file of several episodes leaves to guess. Now it says 'episode 3's rows', as a missing or
+    damaged data file's error does."""
+    path = ds / "data/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    rows = [
+        row if episode == 2 else row[:6]
+        for row, episode in zip(table["action"].to_pylist(), table["episode_index"].to_pylist(), strict=True)
+    ]
+    pq.write_table(
+        table.set_column(table.column_names.index("action"), "action", pa.array(rows, pa.list_(pa.float32()))), path
+    )
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"^episode 3's rows: \S*/file-001\.parquet: column 'action' holds vectors of length \[6\] but ",
+    ):
+        _first_pass(ds, num_workers=workers)
 
 
 def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:
