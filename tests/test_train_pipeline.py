@@ -1685,6 +1685,24 @@ def test_a_flag_argparse_refuses_is_one_line_without_the_usage(
     )
 
 
+@pytest.mark.parametrize("script", ["train.py", "lerobot_policy.py"])
+def test_a_flag_argparse_refuses_carries_the_rank_as_the_scripts_other_errors(script: str) -> None:
+    """Under a launcher each rank's line of a value argparse refuses read 'train.py: error: argument --batch-size:
+    ...' alone, where the scripts' own refusals of a flag (--steps 0) read '12:00:00 rank1 pipelines.train:
+    train.py: ...': the ranks' lines could not be told apart. main() has argparse's error said as its logged line
+    now (parse_args alone writes it to stderr, as before)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "3"}
+    argv = [str(REPO / "pipelines" / script), "--dataset", "d", "--batch-size", "x"]
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    logger = {"train.py": "pipelines.train", "lerobot_policy.py": "lerobot_dali.pipelines.lerobot_policy"}[script]
+    assert result.returncode == 2
+    assert re.fullmatch(
+        rf"\d\d:\d\d:\d\d rank3 {re.escape(logger)}: {re.escape(script)}: error: argument --batch-size: invalid int "
+        rf"value: 'x' \({re.escape(script)} --help lists the options\)\n",
+        result.stderr,
+    ), result.stderr
+
+
 def _failed(args: list[str], *, procs: int = 1) -> subprocess.CompletedProcess[str]:
     command, env = _command(args, procs=procs)
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
