@@ -498,7 +498,8 @@ class BatchSource:
         with io_stats.timed("rows_s"):
             try:
                 rows = self.spec.reader.read_episode(episode_pos, self.spec.tabular_keys)
-            except (MissingDataFileError, DataFileError) as e:  # they name the file; say whose rows they were
+            except (MissingDataFileError, DataFileError, SchemaMismatchError) as e:  # they name the file (a column of
+                # another shape or type: the key too); say whose rows they were, a file holding several episodes
                 changed = self.spec.reader.changed_on_server([self.spec.reader.data_path(episode_pos)])
                 episode = int(self.spec.reader.episodes.episode_index[episode_pos])
                 raise changed or type(e)(f"episode {episode}'s rows: {e}") from e  # (its type; its cause's status)

@@ -11,6 +11,7 @@ Their parsers are :class:`ArgumentParser`, which takes a value that starts as a 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 from collections.abc import Sequence
@@ -74,12 +75,17 @@ class ArgumentParser(argparse.ArgumentParser):
     values too (the parsers have no one-dash options).
 
     ``usage_on_error=False`` (the training scripts, which a launcher starts on every rank): a mistake is its one line
-    and a pointer to ``--help``, not after the usage (train.py's 16 lines, on each rank under torchrun)."""
+    and a pointer to ``--help``, not after the usage (train.py's 16 lines, on each rank under torchrun); ``log``: the
+    logger that says that line (the script's, whose lines carry the time and the launcher's rank, as its other errors
+    do; with no logging configured, the line alone on stderr), else it is written to stderr as argparse writes it."""
 
-    def __init__(self, *args: Any, usage_on_error: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, usage_on_error: bool = True, log: logging.Logger | None = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
         self.usage_on_error = usage_on_error
+        self.log = log
         self._negative_number_matcher = re.compile(r"-\.?\d|-(inf|infinity|nan)$", re.IGNORECASE)
 
     def error(self, message: str) -> NoReturn:
@@ -94,7 +100,11 @@ class ArgumentParser(argparse.ArgumentParser):
                 "taken as one of them: give DATASET, and OUT, before such options)"
             )
         if not self.usage_on_error:
-            self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+            line = f"{self.prog}: error: {message} ({self.prog} --help lists the options)"
+            if self.log is not None:
+                self.log.error("%s", line)
+                self.exit(2)
+            self.exit(2, f"{line}\n")
         super().error(message)
 
 

@@ -587,6 +587,22 @@ class LeRobotDatasetReader:
         stop = float(files.next_from_timestamp_s[episode_pos])
         return VideoRef(path, float(files.from_timestamp_s[episode_pos]), None if np.isnan(stop) else stop)
 
+    def previous_end_s(self, episode_pos: int, camera: str) -> float | None:
+        """Where the episode read before the one at ``episode_pos`` in its video file of ``camera`` ends by its rows
+        (its ``from_timestamp + length / fps``): the one whose part of the file ends where this one's starts; None
+        where none read is (the file's first, or one left out). For a failed lookup's advice (a pass over the
+        episodes): the file's frames from there to this episode's start are no episode's."""
+        self.check_position(episode_pos)
+        files = self.episodes.cameras[camera]
+        same_file = (files.chunk_index == files.chunk_index[episode_pos]) & (
+            files.file_index == files.file_index[episode_pos]
+        )
+        before = np.flatnonzero(same_file & (files.next_from_timestamp_s == files.from_timestamp_s[episode_pos]))
+        if not before.size:
+            return None
+        pos = int(before[0])
+        return float(files.from_timestamp_s[pos]) + int(self.episodes.length[pos]) / self.fps
+
     def check_position(self, episode_pos: int) -> None:
         """Refuse a position that is no episode read (IndexError): numpy's indexing raised a bare IndexError past
         the end, and read a negative position from the end. Names the position of an episode index given instead."""

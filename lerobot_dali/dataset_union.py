@@ -298,6 +298,10 @@ class DatasetUnion(LeRobotDatasetReader):
         d, pos = self.member(episode_pos)
         return self.members[d].video(pos, self.renames[d].own_key(camera))
 
+    def previous_end_s(self, episode_pos: int, camera: str) -> float | None:
+        d, pos = self.member(episode_pos)
+        return self.members[d].previous_end_s(pos, self.renames[d].own_key(camera))
+
     def source_of(self, episode_pos: int) -> str:
         return self.members[self.member(episode_pos)[0]].location.description
 

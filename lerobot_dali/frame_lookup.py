@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -125,6 +125,13 @@ class FrameRequestContext:
     #: in the episode does not explain (timestamps that start a frame late, as GR00T's, or wall-clock ones): the video
     #: is not short.
     last_row_s: float | None = None
+    #: The episode's ``from_timestamp`` in meta/episodes, in seconds: said with its end where that end is past the
+    #: file's frames, or past the next episode's start.
+    from_timestamp_s: float | None = None
+    #: Where the episode before it in its video file ends by its rows (``from_timestamp + length / fps``; None where
+    #: no episode read precedes it there), asked only as a failed lookup is said: the file's frames from there to this
+    #: episode's ``from_timestamp``, which no episode reads, tell a late ``from_timestamp`` from a file cut short.
+    previous_end_s: Callable[[], float | None] | None = None
 
     def __post_init__(self) -> None:
         if self.episode_index is not None and (isinstance(self.episode_index, bool) or self.episode_index < 0):
@@ -247,17 +254,24 @@ def _check_within_episode(
     raise FrameTimestampError(
         f"{_where(index, context)}: query timestamp {queries[worst]:.6f} s reads video frame {int(nearest[worst])} "
         f"at {pts_s[worst]:.6f} s, outside this episode's part of the file ({from_s:.6f} s to {end}; "
-        f"{int(outside.sum())} of {queries.size} queries): {_outside_cause(bool(nearest[worst] < frames.start))}"
+        f"{int(outside.sum())} of {queries.size} queries): "
+        f"{_outside_cause(bool(nearest[worst] < frames.start), index, context, to_s)}"
     )
 
 
-def _outside_cause(before: bool) -> str:
-    """Why a row's frame lies outside its episode's part of the file: ``before`` its start, or past its end."""
+def _outside_cause(
+    before: bool, index: PacketIndex, context: FrameRequestContext | None, next_from_s: float | None
+) -> str:
+    """Why a row's frame lies outside its episode's part of the file: ``before`` its start, or past its end (where
+    ``next_from_s``, the next episode of the file, starts; None: the end of the file)."""
     if before:
         return (
             "that frame belongs to a neighbouring episode, the one before it in the file: the episode's rows' "
             "timestamps or its from_timestamp in meta/episodes are wrong."
         )
+    late = _late_past_next(index, context, next_from_s)
+    if late:
+        return late
     return (
         "that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp on). The "
         "episode's data rows run past its video (the video holds fewer frames than its rows), or the rows' "
@@ -409,6 +423,97 @@ def _rate_mismatch(stream_fps: float, rows_fps: float, off_s: float, half_frame_
     )
 
 
+def _rows_by_metadata(context: FrameRequestContext | None) -> tuple[float, float, int, float] | None:
+    """The episode's ``from_timestamp``, its end by its rows (``from_timestamp + length / fps``), its length and the
+    rows' fps, where the context knows them all."""
+    if context is None or context.from_timestamp_s is None or context.episode_end_s is None or not context.rows_fps:
+        return None
+    from_s, end_s, fps = context.from_timestamp_s, context.episode_end_s, context.rows_fps
+    return from_s, end_s, round((end_s - from_s) * fps), fps
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _start_to_correct(context: FrameRequestContext | None) -> str:
+    camera = context.camera if context is not None and context.camera else "<camera>"
+    return f"correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+
+
+def _late_past_next(index: PacketIndex, context: FrameRequestContext | None, next_from_s: float | None) -> str:
+    """The advice for rows past the episode's part of the file where its end by meta/episodes (``from_timestamp +
+    length / fps``) lies past ``next_from_s``, where the next episode of the file starts: the file's frames go on
+    there, so the file is not short; a ``from_timestamp`` (or the episode's rows) is what is wrong. "" where it does
+    not, or the values are not known."""
+    rows = _rows_by_metadata(context)
+    if rows is None or next_from_s is None:
+        return ""
+    from_s, end_s, length, fps = rows
+    if not end_s > next_from_s + 0.5 * min(index.frame_interval_s, 1 / fps):
+        return ""  # (the rows' own timestamps run past: the generic advice)
+    over = max(round((end_s - next_from_s) * fps), 1)
+    frames = _counted(over, "frame")
+    start_s = next_from_s - length / fps  # (where this episode would start to end where the next starts)
+    if start_s < float(index.shown_pts_s[0]) - 0.5 * index.frame_interval_s:  # (before the file's first frame)
+        cause = f"the next episode's from_timestamp is most likely {frames} early ({end_s:.6f} s, where these rows end)"
+    elif _unread_before(index, context, from_s)[0] >= over:  # (the file's frames before it are no episode's)
+        cause = (
+            f"this episode's from_timestamp is most likely {frames} late ({start_s:.6f} s ends its rows where the next "
+            f"episode starts: the file's frames from where the episode before it ends are no episode's)"
+        )
+    else:
+        cause = (
+            f"this episode's from_timestamp is {frames} late ({start_s:.6f} s ends its rows where the next episode "
+            f"starts), or the next episode's {frames} early ({end_s:.6f} s)"
+        )
+    return (
+        f"that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp "
+        f"{next_from_s:.6f} s on). By meta/episodes this episode's {length} rows at {fps:g} fps from its "
+        f"from_timestamp {from_s:.6f} s end at {end_s:.6f} s, {frames} past that start, where the file's frames go "
+        f"on: the video is not short, meta/episodes is: {cause}, or the episode has {_counted(over, 'row')} more "
+        f"than its part of the file holds frames. C{_start_to_correct(context)[1:]}"
+    )
+
+
+def _unread_before(index: PacketIndex, context: FrameRequestContext | None, from_s: float) -> tuple[int, float]:
+    """How many of the file's frames lie between where the episode before this one in the file ends by its rows and
+    this one's ``from_timestamp`` ``from_s``, which no episode reads, and where that one ends (0 and ``from_s`` where no
+    episode read precedes it there)."""
+    previous_end_s = context.previous_end_s() if context is not None and context.previous_end_s else None
+    if previous_end_s is None:
+        return 0, from_s
+    half_interval_s = 0.5 * index.frame_interval_s
+    seconds = index.shown_pts_s
+    between = (seconds >= previous_end_s - half_interval_s) & (seconds < from_s - half_interval_s)
+    return int(np.count_nonzero(between)), previous_end_s
+
+
+def _late_before_end(index: PacketIndex, context: FrameRequestContext | None, missing: int) -> str:
+    """The advice for rows ``missing`` frames past the end of the file where the file holds at least as many frames
+    that no episode reads right before the episode's ``from_timestamp``, from where the episode before it in the file
+    ends by its rows: its ``from_timestamp`` is late, the file not cut short. "" where it does not, or the values are
+    not known (no episode read precedes it in the file)."""
+    rows = _rows_by_metadata(context)
+    if rows is None:
+        return ""
+    from_s, end_s, length, fps = rows
+    unread, previous_end_s = _unread_before(index, context, from_s)
+    if unread < missing:
+        return ""
+    frames_end_s = float(index.shown_pts_s[-1]) + index.frame_interval_s
+    frames = _counted(missing, "frame")
+    return (
+        f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {end_s:.6f} s by meta/episodes "
+        f"({length} rows at {fps:g} fps from its from_timestamp {from_s:.6f} s), {frames} short, but the file is not "
+        f"cut short: its {_counted(unread, 'frame')} from {previous_end_s:.6f} s, where the episode before it in the "
+        "file ends (its from_timestamp + its length / fps), to this episode's from_timestamp are no episode's. The "
+        f"episode's from_timestamp in meta/episodes is most likely {frames} late ({frames_end_s - length / fps:.6f} s "
+        f"ends its rows at the file's last frame), or the episode has {_counted(missing, 'row')} more than the file "
+        f"holds frames: {_start_to_correct(context)}"
+    )
+
+
 def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
     """The advice for a row past the video's last frame where the video's frames end more than half a frame before
     the episode's end in meta/episodes (the file lost its last frames: a cut between two fragments of a fragmented
@@ -431,6 +536,9 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
             f"again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s (e.g. ffmpeg -i <video> -vf "
             f"'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>)."
         )
+    late = _late_before_end(index, context, missing)
+    if late:
+        return late
     return (
         f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s in "
         f"meta/episodes (about {frames} missing): the video file is most likely truncated (a partial "
@@ -509,6 +617,8 @@ def row_frame_numbers(
         by_frame_index=timestamp_source is TimestampSource.FRAME_INDEX,
         episode_end_s=video.from_timestamp_s + length / reader.fps,
         last_row_s=video.from_timestamp_s + (length - 1) / reader.fps,
+        from_timestamp_s=video.from_timestamp_s,
+        previous_end_s=partial(reader.previous_end_s, episode_pos, camera),
     )
     local_s = _local_times_s(reader, rows, row_indices, timestamp_source, episode_pos)
     by_timestamp = timestamp_source is not TimestampSource.FRAME_INDEX  # (frame_index / fps is float64: exact)

@@ -7,7 +7,9 @@ imports, which take seconds (torch's, LeRobot's), so that a Ctrl-C in them is sa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -92,14 +94,16 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     """Run a training script as ``python pipelines/<script>.py`` runs it: import ``module`` (its torch, accelerate and
     LeRobot imports take seconds) and exit with its ``main()``'s status. A Ctrl-C while it imports is one line and
     exit status 130 (logged by ``logger``, the script's), as ``main()`` says one in any later phase: it was Python's
-    traceback, the process killed by SIGINT."""
+    traceback, the process killed by SIGINT. Once ``main()`` has returned, a Ctrl-C or a preemption signal in the
+    interpreter's exit changes nothing of its status."""
+    atexit.register(_ignore_ctrl_c)  # (first: the last exit callback, after those of the script's imports)
     try:
         main = importlib.import_module(module).main
         status = main()
     except KeyboardInterrupt:  # (main() says its own: only one before it started is left)
         configure_logging()
         status = said(logging.getLogger(logger), program, Interrupted.while_starting())
-    signal.signal(signal.SIGINT, _exit_now)
+    signal.signal(signal.SIGINT, functools.partial(_exit_now, status))
     # The status is known: a preemption signal in the interpreter's exit (seconds: 3.1 s after main() returned, on 2
     # cores, 2.6 s of it past the exit callbacks) killed a run that had trained, saved and closed (status 143, nothing
     # said: a job's time limit as it ended read as a job killed; a preempted run's 75 likewise). Ignored, not handled:
@@ -109,11 +113,21 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     sys.exit(status)
 
 
-def _exit_now(signum: int, frame: object) -> None:
-    """SIGINT's handler once the script's status is known: a Ctrl-C in the interpreter's exit (a second one, as people
-    press it after the first one's line) ends the process at once with 130. It was a KeyboardInterrupt in an exit
-    callback (DALI's ``_unload_dali``: a traceback after the line) or the process killed by SIGINT (status -2)."""
+def _exit_now(status: int, signum: int, frame: object) -> None:
+    """SIGINT's handler once the script's ``status`` is known: a Ctrl-C in the interpreter's exit (a second one, as
+    people press it after the first one's line, or one at a run's end) ends the process at once with that status. It
+    was a KeyboardInterrupt in an exit callback (DALI's ``_unload_dali``: a traceback after the line) or the process
+    killed by SIGINT (status -2), then 130 whatever the status: a run that had trained and saved read as one
+    interrupted (a preempted one's 75 too)."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # (a stream mid-write, closed: nothing more to say)
             stream.flush()
-    os._exit(128 + signal.SIGINT)
+    os._exit(status)
+
+
+def _ignore_ctrl_c() -> None:
+    """The last exit callback: SIGINT ignored from here on. Python's finalisation, which follows, sets a signal handled
+    in Python (:func:`_exit_now`) back to the default, and a Ctrl-C after it (as C++'s static destructors run, torch's
+    and DALI's) killed the process: status -2 for a run that had finished (or 130 under a shell)."""
+    with contextlib.suppress(ValueError):  # (not the main thread: nothing to do)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -165,8 +165,10 @@ def _policy_arg(text: str) -> tuple[str, Any]:
         return key, value  # a plain string
 
 
-def parse_args(argv: Sequence[str] | None = None) -> PolicyTrainOptions:
-    parser = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False)
+def parse_args(argv: Sequence[str] | None = None, *, log: logging.Logger | None = None) -> PolicyTrainOptions:
+    """The options of ``argv`` (None: the command line's); ``log``: the logger that says a flag argparse refuses
+    (main's: its lines carry the time and the launcher's rank), else stderr."""
+    parser = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False, log=log)
     parser.add_argument("--dataset", required=True, help="local LeRobot dataset folder or Hub repo id")
     parser.add_argument("--revision", help="with a Hub repo id: the branch, tag or commit (metadata and data alike)")
     parser.add_argument("--policy", default="act", help="a LeRobot policy type: act, diffusion, ...")
@@ -527,7 +529,7 @@ def check_output_dir(folder: Path, kept: Sequence[tuple[str, Path | str | None]]
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
-        options = parse_args(argv)
+        options = parse_args(argv, log=logger)  # (argparse's refusal a logged line: with the rank)
         for flag, folder in (("--checkpoint-dir", options.checkpoint_dir), ("--output-dir", options.output_dir)):
             if folder is not None:
                 refuse_inside_datasets(flag, folder, [options.dataset])

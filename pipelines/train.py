@@ -250,10 +250,12 @@ class TrainOptions:
 
 
 # -- command line ---------------------------------------------------------------------------------------------
-def parse_args(argv: Sequence[str] | None = None) -> TrainOptions:
+def parse_args(argv: Sequence[str] | None = None, *, log: logging.Logger | None = None) -> TrainOptions:
+    """The options of ``argv`` (None: the command line's); ``log``: the logger that says a flag argparse refuses
+    (main's: its lines carry the time and the launcher's rank), else stderr."""
     # (ArgumentParser's HelpFormatter wraps each help to the terminal, where RawTextHelpFormatter kept the helps'
     # lines as written, up to 188 characters, past any terminal)
-    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False)
+    p = ArgumentParser(description=described(__doc__.split("\n\n")[0]), usage_on_error=False, log=log)
     p.add_argument(
         "--dataset",
         required=True,
@@ -1010,7 +1012,7 @@ def exit_status(
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
     try:
-        options = parse_args(argv)
+        options = parse_args(argv, log=logger)  # (argparse's refusal a logged line: with the rank)
         check_files(options)
     except (ValueError, OSError) as e:  # flags, --recipe, --augment, --checkpoint-dir: one line, before training
         logger.error("train.py: %s", e)

@@ -23,7 +23,13 @@ from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.decode_route import DecodeRoute
-from lerobot_dali.errors import DataFileError, DatasetError, EpisodeMetadataError, SchemaMismatchError
+from lerobot_dali.errors import (
+    DataFileError,
+    DatasetError,
+    EpisodeMetadataError,
+    FrameTimestampError,
+    SchemaMismatchError,
+)
 from lerobot_dali.generate import text_list_table
 from lerobot_dali.iterator import DALILeRobotIterator
 from lerobot_dali.packet_index import PacketIndex, build_packet_index
@@ -38,7 +44,7 @@ def ds(make_ds, copy_ds) -> Path:
 
 
 def _first_pass(root: Path, **kwargs) -> list[dict]:
-    it = DALILeRobotIterator(root, batch_size=4, shuffle=False, device="cpu", num_workers=0, **kwargs)
+    it = DALILeRobotIterator(root, **{"batch_size": 4, "shuffle": False, "device": "cpu", "num_workers": 0, **kwargs})
     try:
         return list(it)
     finally:
@@ -205,7 +211,11 @@ def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_
     assert [(p.episode_index, p.error) for p in report.problems] == [(0, "FrameTimestampError")]
     said = (
         "outside this episode's part of the file (0.000000 s to 1.500000 s, where the next episode of the file starts; "
-        "5 of 20 queries): that frame belongs to a neighbouring episode, the next in the file"
+        "5 of 20 queries): that frame belongs to a neighbouring episode, the next in the file (from its "
+        "from_timestamp 1.500000 s on). By meta/episodes this episode's 20 rows at 10 fps from its from_timestamp "
+        "0.000000 s end at 2.000000 s, 5 frames past that start, where the file's frames go on: the video is not "
+        "short, meta/episodes is: the next episode's from_timestamp is most likely 5 frames early (2.000000 s, where "
+        "these rows end), or the episode has 5 rows more than its part of the file holds frames"
     )
     assert said in report.problems[0].message
     # The iterator refuses it when built, from the metadata (the check above looked the rows up in the video).
@@ -216,6 +226,27 @@ def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_
     )
     with pytest.raises(EpisodeMetadataError, match=re.escape(said.format(ds / f"videos/{CAM}/chunk-000/file-000.mp4"))):
         _first_pass(ds, episodes=[0])
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_files_last_episode_starting_two_frames_late_is_told_so_not_that_the_video_is_truncated(
+    ds: Path, workers: int
+) -> None:
+    """Episode 1, the last of file-000, from_timestamp 2.2 s where episode 0's 20 rows end at 2 s (10 fps): its last
+    2 rows lie past the file's frames, and the video was said to be 'most likely truncated (a partial download or
+    copy)'. The file's 2 frames between the episodes are no episode's: the from_timestamp is named 2 frames late."""
+    _set_episode_column(ds, f"videos/{CAM}/from_timestamp", 1, 2.2)
+    with pytest.raises(FrameTimestampError) as info:
+        _first_pass(ds, num_workers=workers)
+    message = str(info.value)
+    assert "episode 1" in message and "most likely truncated" not in message, message
+    assert message.endswith(
+        "its 2 frames from 2.000000 s, where the episode before it in the file ends (its from_timestamp + its length "
+        "/ fps), to this episode's from_timestamp are no episode's. The episode's from_timestamp in meta/episodes is "
+        "most likely 2 frames late (2.000000 s ends its rows at the file's last frame), or the episode has 2 rows more "
+        f"than the file holds frames: correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out "
+        "with episodes=."
+    ), message
 
 
 def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:
@@ -473,6 +504,28 @@ def test_vectors_of_another_length_in_one_data_file_alone_are_told_to_rewrite_it
         r".*this one alone differs: rewrite it, or leave out its episodes \(episodes=\[\.\.\.\] of the others\)$",
     ):
         _first_pass(ds)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_vectors_of_another_length_in_one_episodes_rows_name_the_episode(ds: Path, workers: int) -> None:
+    """Episode 3's actions 6 values long in file-001, which also holds episode 2's of 7 (info.json's): found as its
+    rows are read (in a worker, or in the training process), the error named the data file and the column, not the
+    episode, which a file of several episodes leaves to guess. Now it says 'episode 3's rows', as a missing or
+    damaged data file's error does."""
+    path = ds / "data/chunk-000/file-001.parquet"
+    table = pq.read_table(path)
+    rows = [
+        row if episode == 2 else row[:6]
+        for row, episode in zip(table["action"].to_pylist(), table["episode_index"].to_pylist(), strict=True)
+    ]
+    pq.write_table(
+        table.set_column(table.column_names.index("action"), "action", pa.array(rows, pa.list_(pa.float32()))), path
+    )
+    with pytest.raises(
+        SchemaMismatchError,
+        match=r"^episode 3's rows: \S*/file-001\.parquet: column 'action' holds vectors of length \[6\] but ",
+    ):
+        _first_pass(ds, num_workers=workers)
 
 
 def test_an_undeclared_episode_index_is_derived(ds: Path) -> None:

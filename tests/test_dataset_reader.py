@@ -1412,3 +1412,12 @@ def test_an_integer_columns_range_passes_over_row_groups_without_rows(tmp_path: 
     with pq.ParquetWriter(empty, tables[1].schema) as writer:
         writer.write_table(tables[1])
     assert integer_column_range(pq.ParquetFile(empty).metadata, "index") is None
+
+
+def test_where_the_episode_before_one_in_its_video_file_ends_is_that_ones_end_by_its_rows(make_ds) -> None:
+    """``previous_end_s`` (a failed lookup's advice on a late from_timestamp): episode 1 follows episode 0 (5 rows at
+    10 fps: 0.5 s) in file 0, episode 2 starts file 1; with episode 0 left out, none read precedes episode 1."""
+    root = make_ds(episodes=3, frames_per_episode=[5, 7, 4], cameras=1, codec="vp9", fps=10, episodes_per_file=2)
+    cam = "observation.images.cam0"
+    assert [open_dataset(root).previous_end_s(pos, cam) for pos in range(3)] == [None, 0.5, None]
+    assert open_dataset(root, episodes=[1, 2]).previous_end_s(0, cam) is None

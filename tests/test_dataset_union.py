@@ -1702,3 +1702,11 @@ def test_a_path_is_held_by_the_dataset_of_the_longest_root_it_is_under() -> None
     ]
     assert [roots.of(path) for path in paths] == [0, 1, 2, 0, 0]
     assert MemberRoots(["/d/x", "/d/y"], owners=[3, 3]).of("/d/y/f") == 3  # (a union's datasets: its own position)
+
+
+def test_where_the_episode_before_each_in_its_video_file_ends_is_asked_of_its_own_dataset(make_ds) -> None:
+    """A failed frame lookup's advice on a late from_timestamp asks where the episode before it in its file ends by its
+    rows (``previous_end_s``): a union asks the episode's own dataset. The v3.0 dataset's episode 1 follows episode 0
+    (5 rows at 10 fps: 0.5 s) in file 0; its episode 2 starts file 1; the v2.1 dataset's episodes have a file each."""
+    union = concat_datasets(_datasets(make_ds))
+    assert [union.previous_end_s(pos, "observation.images.cam0") for pos in range(5)] == [None, 0.5, None, None, None]

@@ -186,6 +186,74 @@ def test_a_video_is_judged_cut_short_only_past_half_a_frame_and_told_how_many_fr
         assert missing is None or f"end at {stated_s:.6f} s in meta/episodes ({missing})" in message
 
 
+@pytest.mark.parametrize(("previous_end_s", "late"), [(2.0, True), (2.5, False), (3.0, False), (None, False)])
+def test_a_late_from_timestamp_of_a_files_last_episode_is_told_from_a_file_cut_short(
+    previous_end_s: float | None, late: bool
+) -> None:
+    """A file's last episode whose from_timestamp is 2 frames late (3 s, where the episode before it ends at 2 s)
+    runs its rows 2 frames past the file's end: it was judged 'most likely truncated' (download it again, which gives
+    the same file). 8 frames at 2 fps end at 4 s; 4 rows from 3 s end at 5 s. The file's 2 frames from 2 s, where the
+    episode before ends, to 3 s are no episode's: the from_timestamp is named late, and where it belongs. With fewer
+    such frames than are missing (1: the episode before ends at 2.5 s), none, or no episode before it read, the file
+    is judged cut short as before."""
+    index = _constant_rate_index(8, 2)
+    context = FrameRequestContext(
+        camera="c", rows_fps=2.0, episode_end_s=5.0, from_timestamp_s=3.0, previous_end_s=lambda: previous_end_s
+    )
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(index, [3.0, 4.5], tolerance_s=1e-4, context=context, episode_span_s=(3.0, None))
+    message = str(info.value)
+    assert ("most likely truncated" in message) is not late, message
+    said = (
+        "The video's frames end at 4.000000 s, before the episode's end at 5.000000 s by meta/episodes (4 rows at 2 "
+        "fps from its from_timestamp 3.000000 s), 2 frames short, but the file is not cut short: its 2 frames from "
+        "2.000000 s, where the episode before it in the file ends (its from_timestamp + its length / fps), to this "
+        "episode's from_timestamp are no episode's. The episode's from_timestamp in meta/episodes is most likely 2 "
+        "frames late (2.000000 s ends its rows at the file's last frame), or the episode has 2 rows more than the "
+        "file holds frames: correct videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+    )
+    assert message.endswith(said) is late, message
+
+
+@pytest.mark.parametrize(
+    ("from_s", "next_from_s", "previous_end_s", "cause"),
+    [
+        (0.5, 2.0, None, "this episode's from_timestamp is 1 frame late (0.000000 s ends its rows where the next "
+                         "episode starts), or the next episode's 1 frame early (2.500000 s)"),
+        (2.5, 4.0, 2.0, "this episode's from_timestamp is most likely 1 frame late (2.000000 s ends its rows where the "
+                        "next episode starts: the file's frames from where the episode before it ends are no "
+                        "episode's)"),
+        (0.0, 1.5, None, "the next episode's from_timestamp is most likely 1 frame early (2.000000 s, where these rows "
+                         "end)"),
+    ],
+)  # fmt: skip
+def test_rows_past_the_next_episodes_start_by_meta_episodes_name_the_from_timestamps(
+    from_s: float, next_from_s: float, previous_end_s: float | None, cause: str
+) -> None:
+    """An episode of 4 rows at 2 fps whose from_timestamp is a frame late (0.5 s: its rows end at 2.5 s, where the next
+    starts at 2 s), or before which the next starts a frame early (1.5 s): its last row read the next episode's frame,
+    and the advice began with 'the video holds fewer frames than its rows', of a file whose frames go on. It names
+    both starts and the end by meta/episodes now; a start before the file's first frame is no cause, and a frame
+    between the episode before it (ending at 2 s) and its start at 2.5 s, no episode's, makes the late start the
+    likely one."""
+    index = _constant_rate_index(12, 2)
+    context = FrameRequestContext(
+        camera="c", rows_fps=2.0, episode_end_s=from_s + 2.0, from_timestamp_s=from_s,
+        previous_end_s=lambda: previous_end_s,
+    )  # fmt: skip
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(
+            index, [from_s, from_s + 1.5], tolerance_s=1e-4, context=context, episode_span_s=(from_s, next_from_s)
+        )
+    assert str(info.value).endswith(
+        f"that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp "
+        f"{next_from_s:.6f} s on). By meta/episodes this episode's 4 rows at 2 fps from its from_timestamp "
+        f"{from_s:.6f} s end at {from_s + 2.0:.6f} s, 1 frame past that start, where the file's frames go on: the "
+        f"video is not short, meta/episodes is: {cause}, or the episode has 1 row more than its part of the file "
+        "holds frames. Correct videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+    ), str(info.value)
+
+
 def test_a_video_of_a_frame_for_each_row_at_another_rate_is_judged_written_at_that_rate_not_cut_short() -> None:
     """A 60 fps file in place of a 30 fps one, of as many frames as its episodes' rows, was judged 'most likely
     truncated' (download it again, which gives the same file). 4 frames at 2 fps end at 2 s; rows at 1 fps stated to
@@ -217,8 +285,9 @@ def _one_episode_reader(length: int, fps: float) -> Any:
     """What the lookups read of a dataset holding one episode of ``length`` rows at ``fps``, in a file of its own."""
     episodes = SimpleNamespace(episode_index=np.array([0]), length=np.array([length]))
     return SimpleNamespace(
-        episodes=episodes, fps=fps, frame_lookup=lambda pos: ITERATORS_LOOKUP, source_of=lambda pos: "long"
-    )
+        episodes=episodes, fps=fps, frame_lookup=lambda pos: ITERATORS_LOOKUP, source_of=lambda pos: "long",
+        previous_end_s=lambda pos, camera: None,  # (no episode before it in its file)
+    )  # fmt: skip
 
 
 def test_float32_timestamps_of_a_long_episode_find_their_frames() -> None:

@@ -694,6 +694,54 @@ def test_a_preemption_signal_in_the_interpreters_exit_keeps_the_scripts_status(
         process.kill()
 
 
+#: A script's module for run_main whose main() returns its argument's status and whose exit takes long in an exit
+#: callback (Python's) and after the interpreter's finalisation (C's exit handlers, as C++'s static destructors of torch
+#: and DALI: here one reading standard input), saying when each has begun.
+_LATE_EXIT_SCRIPT = """
+import atexit, ctypes, pathlib, sys, time
+
+def main():
+    libc = ctypes.CDLL(None)
+    libc.__cxa_atexit(ctypes.cast(libc.getchar, ctypes.c_void_p), None, None)  # (waits for standard input's end)
+    atexit.register(pathlib.Path(sys.argv[1]).write_text, "finalising")  # (the first registered runs last)
+    atexit.register(slow_exit)
+    return int(sys.argv[2])
+
+def slow_exit():
+    pathlib.Path(sys.argv[1]).write_text("exiting")
+    time.sleep(2)
+"""
+
+
+@pytest.mark.parametrize("status", [0, 75])
+@pytest.mark.parametrize("when", ["exiting", "finalising"])
+def test_a_ctrl_c_in_the_interpreters_exit_keeps_the_scripts_status(status: int, when: str, tmp_path: Path) -> None:
+    """A Ctrl-C once main() had returned (a run that had trained and saved, or a preempted one) ended the process with
+    130 in an exit callback (run_main's handler, whatever the status) and with -2 after the interpreter's finalisation
+    (its handler set back to the default, as C++'s static destructors ran): a finished run read as an interrupted or a
+    killed one. It keeps the run's status now: at once in a callback, at the end after it."""
+    (tmp_path / "late_exit_script.py").write_text(_LATE_EXIT_SCRIPT)
+    marker = tmp_path / "exiting"
+    code = "from pipelines.interrupts import run_main; run_main('late_exit_script', 'script.py', 'script')"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    process = subprocess.Popen(
+        [sys.executable, "-c", code, str(marker), str(status)], stdin=subprocess.PIPE, env=env, cwd=REPO
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and marker.read_text() == when) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.read_text() == when, process.poll()
+        time.sleep(0.5 if when == "finalising" else 0)  # (past the last exit callback, into the finalisation)
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert process.stdin is not None
+        process.stdin.close()
+        assert process.wait(timeout=30) == status
+    finally:
+        process.kill()
+
+
 def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
     """Saving the trained policy or ``end_training`` raising (a full disk, a tracker's upload) left the preemption
     handlers installed in a process that goes on (a notebook, a sweep calling ``train`` in a loop): its SIGTERM was
@@ -1683,6 +1731,24 @@ def test_a_flag_argparse_refuses_is_one_line_without_the_usage(
     assert capsys.readouterr().err == (
         f"{script}.py: error: argument --batch-size: invalid int value: 'x' ({script}.py --help lists the options)\n"
     )
+
+
+@pytest.mark.parametrize("script", ["train.py", "lerobot_policy.py"])
+def test_a_flag_argparse_refuses_carries_the_rank_as_the_scripts_other_errors(script: str) -> None:
+    """Under a launcher each rank's line of a value argparse refuses read 'train.py: error: argument --batch-size:
+    ...' alone, where the scripts' own refusals of a flag (--steps 0) read '12:00:00 rank1 pipelines.train:
+    train.py: ...': the ranks' lines could not be told apart. main() has argparse's error said as its logged line
+    now (parse_args alone writes it to stderr, as before)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "3"}
+    argv = [str(REPO / "pipelines" / script), "--dataset", "d", "--batch-size", "x"]
+    result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    logger = {"train.py": "pipelines.train", "lerobot_policy.py": "lerobot_dali.pipelines.lerobot_policy"}[script]
+    assert result.returncode == 2
+    assert re.fullmatch(
+        rf"\d\d:\d\d:\d\d rank3 {re.escape(logger)}: {re.escape(script)}: error: argument --batch-size: invalid int "
+        rf"value: 'x' \({re.escape(script)} --help lists the options\)\n",
+        result.stderr,
+    ), result.stderr
 
 
 def _failed(args: list[str], *, procs: int = 1) -> subprocess.CompletedProcess[str]:
