@@ -38,6 +38,8 @@ RATE_SLACK = 0.01
 
 #: How the advice says to write a file again at the rows' rate.
 _SETPTS = "e.g. ffmpeg -i <video> -vf 'setpts=N/({fps:g}*TB)' -r {fps:g} <new video>"
+#: How the advice says to correct a from_timestamp.
+_CORRECT = "correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
 #: Files a refusal names; it counts the others.
 _NAMED = 5
 
@@ -115,9 +117,42 @@ def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_ta
         f"{start:.6f} s{_last_row_said(unread_tail, float(last_s[pos]), ' end at')}, but the next episode of the "
         f"file starts at {end:.6f} s (its from_timestamp), so its last {'row' if past == 1 else f'{past} rows'}"
         f"{' read' if unread_tail else ''} would read that episode's frames. "
+        f"{_wrong_start(reader, camera, pos, past, end_s=float(last_s[pos]) + 1 / fps)}"
+    )
+
+
+def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int, *, end_s: float) -> str:
+    """Which ``from_timestamp`` is most likely wrong where episode ``pos``'s rows run ``over`` rows into the next
+    episode's part of its file (they end at ``end_s``): its own, late, where as many of the file's frames before it
+    are no episode's (from where the episode before it ends by its rows); the next one's, early, where it could not
+    start earlier (the file's start); else either, or its length."""
+    fps = reader.fps
+    start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
+    rows = f"{over} frames" if over > 1 else "1 frame"
+    if _unread_before(reader, camera, pos) >= over:
+        return (
+            f"Its from_timestamp in meta/episodes is most likely {rows} late ({start - over / fps:.6f} s ends its rows "
+            f"where the next episode starts; the file's frames from where the episode before it ends are no "
+            f"episode's): {_CORRECT.format(camera=camera)}"
+        )
+    if start - over / fps < -0.5 / fps:
+        return (
+            f"The next episode's from_timestamp in meta/episodes is most likely {rows} early ({end_s:.6f} s, where "
+            f"these rows end; this one cannot start earlier): {_CORRECT.format(camera=camera)}"
+        )
+    return (
         "The episode's length or either from_timestamp in meta/episodes is wrong: regenerate the episode metadata, "
         "or leave the episode out with episodes=[...]"
     )
+
+
+def _unread_before(reader: LeRobotDatasetReader, camera: str, pos: int) -> int:
+    """The rows' frames of the file between where the episode before episode ``pos`` in its file ends by its rows and
+    ``pos``'s from_timestamp, which no episode reads (0 where none read precedes it there)."""
+    previous_end_s = reader.previous_end_s(pos, camera)
+    if previous_end_s is None:
+        return 0
+    return round((float(reader.episodes.cameras[camera].from_timestamp_s[pos]) - previous_end_s) * reader.fps)
 
 
 def _last_row_said(unread_tail: int, last_s: float, plain: str) -> str:
@@ -170,6 +205,19 @@ def _end_refusal(
             f"{_last_row_said(unread_tail, last_row_s, ', the last at')}"
         )
     more = f" (and {len(short) - _NAMED} more files)" if len(short) > _NAMED else ""
+    missing = [round((last_row_s + 1 / fps - (f.end_s or 0.0)) * fps) for _, _, f, last_row_s in short]
+    if all(_unread_before(reader, camera, pos) >= n for (_, pos, _, _), n in zip(short, missing, strict=True)):
+        # (the file holds as many frames no episode reads right before the episode: its start is late, not the file
+        # short)
+        _, pos, f, last_row_s = short[0]
+        start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
+        return (
+            f"{'; '.join(named)}{more}: the file is not cut short, its frames from where the episode before it ends "
+            f"(its from_timestamp + its length / fps) to this episode's from_timestamp are no episode's: the "
+            f"episode's from_timestamp in meta/episodes is most likely {missing[0]} frame{'s' * (missing[0] != 1)} "
+            f"late ({start - missing[0] / fps:.6f} s ends its rows at the file's last frame): "
+            f"{_CORRECT.format(camera=camera)}"
+        )
     if all(_as_many_frames_as_rows(f, last_row_s, fps) for _, _, f, last_row_s in short):
         # (a frame for each row up to the episode's end, but closer together: a whole file written at another rate)
         return (

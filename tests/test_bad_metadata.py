@@ -240,13 +240,25 @@ def test_a_files_last_episode_starting_two_frames_late_is_told_so_not_that_the_v
         _first_pass(ds, num_workers=workers)
     message = str(info.value)
     assert "episode 1" in message and "most likely truncated" not in message, message
+    # (refused when the iterator is built, from the file's header: tests/test_file_timing.py)
     assert message.endswith(
+        "ends at 4.000000 s (its header: 10 fps), but episode 1, its last, has 20 rows at 10 fps from its "
+        "from_timestamp 2.200000 s, the last at 4.100000 s: the file is not cut short, its frames from where the "
+        "episode before it ends (its from_timestamp + its length / fps) to this episode's from_timestamp are no "
+        "episode's: the episode's from_timestamp in meta/episodes is most likely 2 frames late (2.000000 s ends its "
+        f"rows at the file's last frame): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode "
+        "out with episodes=[...]"
+    ), message
+    # The lookup, which check_dataset runs on every row, tells it alike from the file's frames.
+    report = check_dataset(open_dataset(ds), workers=0)
+    assert [(p.episode_index, p.error) for p in report.problems] == [(1, "FrameTimestampError")]
+    assert report.problems[0].message.endswith(
         "its 2 frames from 2.000000 s, where the episode before it in the file ends (its from_timestamp + its length "
         "/ fps), to this episode's from_timestamp are no episode's. The episode's from_timestamp in meta/episodes is "
         "most likely 2 frames late (2.000000 s ends its rows at the file's last frame), or the episode has 2 rows more "
         f"than the file holds frames: correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out "
         "with episodes=."
-    ), message
+    ), report.problems[0].message
 
 
 def test_episodes_claiming_the_same_seconds_of_a_video_file_are_refused(ds: Path) -> None:

@@ -153,18 +153,38 @@ def _set_from_timestamp(root: Path, episode: int, value: float) -> None:
     pq.write_table(table.set_column(table.column_names.index(column), column, [values]), path)
 
 
-@pytest.mark.parametrize(("early", "past"), [(0.2, "2 rows"), (0.1, "row")])
-def test_an_episode_whose_next_starts_too_early_is_refused_when_built(make_ds, copy_ds, early: float, past: str):
+@pytest.mark.parametrize(("early", "past", "frames"), [(0.2, "2 rows", "2 frames"), (0.1, "row", "1 frame")])
+def test_an_episode_whose_next_starts_too_early_is_refused_when_built(
+    make_ds, copy_ds, early: float, past: str, frames: str
+) -> None:
     """Episode 3's from_timestamp two frames early (or one): episode 2's last rows would read episode 3's frames,
-    though episode 3 is left out; the first episode's rows find theirs, so the build passed before."""
+    though episode 3 is left out; the first episode's rows find theirs, so the build passed before. Episode 2 starts
+    its file: the next one's start is named as the wrong one."""
     root = copy_ds(make_ds(**SPEC, codec="h264"))
     _set_from_timestamp(root, 3, 0.8 - early)
     said = (
         f"{root}: camera '{CAM}': episode 2's rows run past its part of {root / ODD}: its 8 rows at 10 fps from its "
         f"from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at {0.8 - early:.6f} s "
-        f"(its from_timestamp), so its last {past} would read that episode's frames."
+        f"(its from_timestamp), so its last {past} would read that episode's frames. The next episode's "
+        f"from_timestamp in meta/episodes is most likely {frames} early (0.800000 s, where these rows end; this one "
+        f"cannot start earlier): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out with "
+        "episodes=[...]"
     )
     _refused_when_built(root, said, EpisodeMetadataError, episodes=[0, 2])
+
+
+def test_an_episode_starting_late_in_the_middle_of_its_file_is_named_late(make_ds, copy_ds) -> None:
+    """Episode 1, the middle one of file-000's three, from_timestamp 1.0 s where episode 0's rows end at 0.8 s: its
+    last 2 rows would read episode 2's frames, and the file's 2 frames before it are no episode's, so its own start
+    is named late."""
+    root = copy_ds(make_ds(**{**SPEC, "episodes_per_file": 3}, codec="h264"))
+    _set_from_timestamp(root, 1, 1.0)
+    said = (
+        "so its last 2 rows would read that episode's frames. Its from_timestamp in meta/episodes is most likely 2 "
+        "frames late (0.800000 s ends its rows where the next episode starts; the file's frames from where the episode "
+        f"before it ends are no episode's): correct videos/{CAM}/from_timestamp in meta/episodes"
+    )
+    _refused_when_built(root, said, EpisodeMetadataError)
 
 
 def test_remote_files_are_timed_from_their_packet_indexes_as_local_ones_from_their_headers(
