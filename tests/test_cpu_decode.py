@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import pickle
 import shutil
@@ -1021,6 +1022,22 @@ def _with_a_second_video_stream(path: Path, target: Path) -> Path:
             out.mux(second.encode(frame))
         out.mux(second.encode(None))
     return target
+
+
+@pytest.mark.parametrize("opened", ["path", "file object"])
+def test_the_pyav_routes_decode_the_video_stream_the_index_holds(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path, opened: str
+) -> None:
+    """The packet index times the first video stream's frames, and both PyAV routes decode that stream where a second
+    one is FFmpeg's best: a local MP4's packets read by offset (PacketFileReader) and a file object's demuxed from its
+    open container (PyAvReader), whose stream taken was untested (the last, the noise, decoded no test's frames)."""
+    path = _with_a_second_video_stream(marker_video("h264", 30), tmp_path / "two_streams.mp4")
+    index = build_packet_index(path)
+    window = np.array([0, 31, 89])
+    reference = reference_frames(path, {int(p) for p in index.frame_pts[window]})  # (the first stream's)
+    source = path if opened == "path" else io.BytesIO(path.read_bytes())
+    for frame_index, frame in zip(window.tolist(), pyav_decoder.decode(source, index, window), strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
 
 
 @pytest.mark.torchcodec
