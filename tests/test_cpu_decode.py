@@ -320,6 +320,15 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     assert "up to 12 files are in use (episode pool x cameras) but this process's open-file limit (10) keeps 5" in said
     assert "raise it to 24 or more before starting (ulimit -n)" in said
     decoder.close()
+    # Another pool's decoder in this process (a mixture's other dataset: 14 files) says it no more: one fact a job,
+    # said with the first one's numbers, as each worker's would be.
+    other = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), files_in_use=14)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        for path in paths * 2:
+            other.decode(path, index, [5])
+    assert other.open_decoders == 5
+    assert [r.getMessage() for r in caplog.records if "open-file" in r.getMessage()] == [said]
+    other.close()
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
     # A bound over the decoders' half of the limit: said once, with the limit that keeps it, and kept within it (it
