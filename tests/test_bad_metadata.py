@@ -412,17 +412,21 @@ def test_a_signalling_nan_timestamp_is_refused_without_a_numpy_warning(ds: Path)
             reader.read_episode(3)
 
 
-def test_a_v2_index_column_that_repeats_is_refused(make_ds, copy_ds) -> None:
+@pytest.mark.parametrize(
+    ("held", "said"),
+    [([40] * 5 + [7] * 15, "at its row 1 (40 then 40)"), ([40, 41, 42] + [7] * 17, "at its row 3 (42 then 7)")],
+)
+def test_a_v2_index_column_that_repeats_is_refused(make_ds, copy_ds, held: list[int], said: str) -> None:
     """v2.x metadata has no index range, and an episode whose rows all said index 0 was read: 46 samples came
-    to the trainer as index 0."""
+    to the trainer as index 0. The error names the first row that does not rise by 1, after the row before it."""
     root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}, size=(64, 96)))
     path = root / "data/chunk-000/episode_000002.parquet"
     table = pq.read_table(path)
-    table = table.set_column(table.column_names.index("index"), "index", pa.array([40] * 5 + [7] * 15, pa.int64()))
+    table = table.set_column(table.column_names.index("index"), "index", pa.array(held, pa.int64()))
     pq.write_table(table, path)
     reader = open_dataset(root)
     np.testing.assert_array_equal(reader.read_episode(1)["index"], np.arange(20, 40))
-    with pytest.raises(EpisodeMetadataError, match=r"episode 2's 'index' column does not rise by 1 at its row 1 "):
+    with pytest.raises(EpisodeMetadataError, match=re.escape(f"episode 2's 'index' column does not rise by 1 {said};")):
         reader.read_episode(2)
 
 

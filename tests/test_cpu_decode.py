@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import pickle
 import shutil
@@ -319,6 +320,15 @@ def test_open_decoders_are_bounded_by_their_estimated_memory(
     assert "up to 12 files are in use (episode pool x cameras) but this process's open-file limit (10) keeps 5" in said
     assert "raise it to 24 or more before starting (ulimit -n)" in said
     decoder.close()
+    # Another pool's decoder in this process (a mixture's other dataset: 14 files) says it no more: one fact a job,
+    # said with the first one's numbers, as each worker's would be.
+    other = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV), files_in_use=14)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.cpu_decode"):
+        for path in paths * 2:
+            other.decode(path, index, [5])
+    assert other.open_decoders == 5
+    assert [r.getMessage() for r in caplog.records if "open-file" in r.getMessage()] == [said]
+    other.close()
     monkeypatch.setattr(open_files, "open_files_limit", lambda: 1024)
     assert CpuFrameDecoder(options=CpuDecodeOptions(max_open_decoders=2), files_in_use=192).max_open == 2
     # A bound over the decoders' half of the limit: said once, with the limit that keeps it, and kept within it (it
@@ -1021,6 +1031,22 @@ def _with_a_second_video_stream(path: Path, target: Path) -> Path:
             out.mux(second.encode(frame))
         out.mux(second.encode(None))
     return target
+
+
+@pytest.mark.parametrize("opened", ["path", "file object"])
+def test_the_pyav_routes_decode_the_video_stream_the_index_holds(
+    marker_video: MarkerVideo, pyav_decoder: CpuFrameDecoder, tmp_path: Path, opened: str
+) -> None:
+    """The packet index times the first video stream's frames, and both PyAV routes decode that stream where a second
+    one is FFmpeg's best: a local MP4's packets read by offset (PacketFileReader) and a file object's demuxed from its
+    open container (PyAvReader), whose stream taken was untested (the last, the noise, decoded no test's frames)."""
+    path = _with_a_second_video_stream(marker_video("h264", 30), tmp_path / "two_streams.mp4")
+    index = build_packet_index(path)
+    window = np.array([0, 31, 89])
+    reference = reference_frames(path, {int(p) for p in index.frame_pts[window]})  # (the first stream's)
+    source = path if opened == "path" else io.BytesIO(path.read_bytes())
+    for frame_index, frame in zip(window.tolist(), pyav_decoder.decode(source, index, window), strict=True):
+        np.testing.assert_array_equal(frame, reference[int(index.frame_pts[frame_index])])
 
 
 @pytest.mark.torchcodec

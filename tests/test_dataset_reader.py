@@ -436,6 +436,29 @@ def test_closing_the_parquet_files_leaves_a_read_in_progress_its_file(tmp_path: 
     assert cache.get(paths[0]).metadata.num_rows == 10 and not handles[2].closed  # opened again
 
 
+def test_a_parquet_file_opened_by_two_threads_at_once_is_kept_once(tmp_path: Path) -> None:
+    """A file another thread opened while this one opened it too (outside the lock) is the one kept and returned to
+    both, and this one's handle is closed: pyarrow closes a file object it was given only when forced
+    (``close(force=True)``), so each such race left a handle open. The other thread's open is made inside this one's."""
+    from lerobot_dali.episode_rows import ParquetCache
+
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"x": np.arange(10)}), path)
+    handles, raced = [], []
+
+    def open_file(path: str):
+        handles.append(open(path, "rb"))  # noqa: SIM115 (the cache owns it)
+        mine = handles[-1]
+        if len(handles) == 1:
+            raced.append(cache.get(path))  # (the other thread's open, ended first)
+        return mine
+
+    cache = ParquetCache(open_file)
+    assert cache.get(path) is raced[0] and [k[1] for k in cache._open] == [path]
+    assert [h.closed for h in handles] == [True, False]
+    assert cache.get(path).read().column("x").to_pylist() == list(range(10)) and len(handles) == 2
+
+
 def test_a_parquet_file_evicted_while_read_closes_when_its_read_ends(tmp_path: Path) -> None:
     """Evicted by another file's open during a read, a file stays open for that read (closed at once, the read
     failed as a corrupt file) and closes as it ends; evicted outside a read, at once. Handles from fsspec, as read."""
@@ -1266,14 +1289,18 @@ def test_did_you_mean_names_no_key_where_two_are_as_near(name: str, declared: li
     assert did_you_mean([name], [f"observation.images.{part}" for part in declared]) == said
 
 
-def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path) -> None:
+@pytest.mark.parametrize(("episode", "first", "stop"), [(0, 0, 5), (2, 6, 13)])
+def test_an_index_column_off_the_metadata_range_says_what_to_do(v3: Path, episode: int, first: int, stop: int) -> None:
+    """The range said is the metadata's, dataset_from_index to dataset_to_index (LENGTHS 5, 1, 7: episode 2's rows
+    are 6 to 12), not the column's own (shifted by 100)."""
     for path in sorted((v3 / "data").rglob("*.parquet")):
         table = pq.read_table(path)
         shifted = pa.array([i + 100 for i in table["index"].to_pylist()], table["index"].type)
         pq.write_table(table.set_column(table.column_names.index("index"), "index", shifted), path)
-    advice = r"disagree: download the dataset again, or leave episode 0 out \(episodes=\[\.\.\.\]\)$"
-    with pytest.raises(EpisodeMetadataError, match=r"episode 0's 'index' column does not run from .*" + advice):
-        open_dataset(v3).read_episode(0)
+    said = f"'index' column does not run from dataset_from_index={first} to dataset_to_index={stop}; "
+    advice = rf"disagree: download the dataset again, or leave episode {episode} out \(episodes=\[\.\.\.\]\)$"
+    with pytest.raises(EpisodeMetadataError, match=f"episode {episode}'s " + re.escape(said) + ".*" + advice):
+        open_dataset(v3).read_episode(episode)
 
 
 def test_an_unlisted_task_index_error_names_the_data_file_of_an_episode_read_alone(v3: Path) -> None:
@@ -1307,7 +1334,7 @@ def test_columns_are_read_as_declared_or_refused_by_hand() -> None:
     """A column's values as its declared dtype and shape: one past the dtype's range (an integer, or a float at exactly
     2**8) is refused, not wrapped around; a fraction is refused for a bool as for an integer; a declared (1,) batches
     to (B,) stored plain, (B, 1) stored as one-element lists; a null inside a vector and lists of more levels than the
-    declared shape are refused."""
+    declared shape are refused, as are vectors of lengths other than declared, the smallest five lengths said."""
     from lerobot_dali.dataset_info import Feature
     from lerobot_dali.episode_rows import _column_to_numpy
 
@@ -1331,6 +1358,9 @@ def test_columns_are_read_as_declared_or_refused_by_hand() -> None:
         read(nested, "float32", (6,))
     with pytest.raises(SchemaMismatchError, match=r"holds 2-level lists of lengths \[\[2\], \[3\]\] .* shape \[2\]"):
         read(nested, "float32", (2,))  # (its outer level matches the one declared: still two levels, not one)
+    ragged = pa.array([[0.5] * n for n in (6, 1, 5, 2, 4, 3, 6)], pa.list_(pa.float64()))
+    with pytest.raises(SchemaMismatchError, match=r"'x' holds vectors of length \[1, 2, 3, 4, 5\] but .* shape \[7\]"):
+        read(ragged, "float32", (7,))
 
 
 def test_a_string_feature_stored_as_binary_or_large_binary_reads_as_text(tmp_path: Path) -> None:

@@ -214,6 +214,57 @@ def test_a_unions_camera_counts_each_datasets_first_file_once(make_ds, tmp_path,
     assert f"{CAM} (files of vp9 1 file, av1 1 file): decoded in the workers" in caplog.text
 
 
+def test_the_build_looks_up_the_first_and_last_rows_of_an_episode_in_every_camera(monkeypatch) -> None:
+    """check_rows_find_frames finds the frames of an episode's first and last rows (of 8: rows 0 and 7) in each
+    camera's file, with the iterator's options (the lookup stood in for): a first row that misses its video (rows
+    shifted a frame, wall-clock time) is refused when the iterator is built, not by a worker hours in."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    looked = []
+
+    def lookup(reader, pos, camera, rows, ends, index, **options):
+        looked.append((pos, camera, index, ends.tolist(), options))
+
+    monkeypatch.setattr(camera_plan, "row_frame_numbers", lookup)
+    router = SimpleNamespace(reader=None, timestamp_source="frame_index", tolerance_s=0.02)
+    rows = {"timestamp": np.arange(8) / 10}
+    camera_plan.CameraRouter.check_rows_find_frames(router, 2, {"a": "a.mp4's", "b": "b.mp4's"}, rows=rows)
+    options = {"timestamp_source": "frame_index", "tolerance_s": 0.02}
+    assert looked == [(2, "a", "a.mp4's", [0, 7], options), (2, "b", "b.mp4's", [0, 7], options)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "advice"),
+    [
+        (2, "so if the loop waits for batches, raise num_workers toward the CPU count"),
+        (4, "give this rank more CPUs (fewer ranks per node): its workers already match its CPUs"),
+        (6, "give this rank more CPUs (fewer ranks per node): its workers already outnumber its CPUs"),
+    ],
+    ids=["fewer", "as_many", "more"],
+)
+def test_the_workers_cameras_line_advises_by_the_workers_and_cpus(monkeypatch, caplog, workers: int, advice: str):
+    """The line of the cameras the workers decode says what to do by the rank's workers against its CPUs (4): fewer
+    workers, raise them; as many or more, give the rank CPUs, its workers matching or outnumbering them."""
+    import logging
+    from types import SimpleNamespace
+
+    from lerobot_dali import CpuDecodeOptions
+    from lerobot_dali.decode_route import DecodeRoute
+
+    monkeypatch.setattr(camera_plan, "cpus_per_local_rank", lambda: 4)
+    planner = SimpleNamespace(
+        device_id=None, cpu_decode=CpuDecodeOptions(), augment=None, image_size=None, depth_quantizers=(),
+        color_fixes={}, share_clips=False, depth_cameras=(), num_workers=workers,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.camera_plan"):
+        camera_plan.CameraPlanner.plan_feeds(planner, {"cam": DecodeRoute.CPU_FALLBACK})
+    [said] = [r.getMessage() for r in caplog.records if "are decoded on the CPU" in r.getMessage()]
+    assert said.startswith(f"cameras ['cam'] are decoded on the CPU by {workers} worker processes, with 4 CPUs for")
+    assert advice in said
+
+
 def test_the_torchcodec_backend_is_refused_for_the_workers_cameras_but_not_depth_ones(monkeypatch) -> None:
     """cpu_decode=torchcodec where torchcodec does not load: refused naming the cameras the workers decode, but not for
     a depth camera (PyAV decodes its 12-bit codes whatever the backend) nor a camera DALI decodes; PyAV's backend

@@ -790,6 +790,27 @@ def test_a_single_range_answered_multipart_to_an_opened_file_is_named_as_such(tm
     assert slept == [] and type(info.value) is DatasetError
 
 
+_UNENDED_HEAD = b"--b\r\nContent-Range: bytes 0-99/200\r\n"  # (36 bytes: no blank line ends the part's headers)
+
+
+@pytest.mark.parametrize(
+    ("data", "end", "framing"),
+    [
+        (b"--b\r\nContent-Range: bytes 0-9/20\r\n\r\n0123456789\r\n--b--\r\n", 10, "multipart/byteranges; boundary=b"),
+        (b"--b\r\nContent-Range: bytes 0-8/20\r\n\r\n0123456789\r\n--b--\r\n", 10, None),  # (another range)
+        (_UNENDED_HEAD + b"x" * 67 + b"\r\n--b\r\n" + b"y" * 20, 100, None),  # (at 103: as if headers ended at -1)
+    ],
+    ids=["framed", "another_range", "headers_unended"],
+)
+def test_a_multipart_body_frames_the_range_asked_after_its_part_headers_end(data: bytes, end: int, framing) -> None:
+    """byteranges_framing by hand: the part's Content-Range names the bytes asked, a blank line ends its headers,
+    those bytes follow, then the boundary again. A body with no blank line (a file sent whole, starting with '--')
+    frames nothing, even where the boundary lies where bytes [0, 100) would end after a blank line found at -1."""
+    from lerobot_dali.request_checks import byteranges_framing
+
+    assert byteranges_framing(data, 0, end) == framing
+
+
 @pytest.mark.parametrize("overridden", ["_cat_file", "cat_file", None])
 def test_a_ranged_cat_file_goes_through_a_subclass_s_own_reads(tmp_path: Path, overridden: str | None) -> None:
     """The ranged cat_file of plain HTTP(S) makes its own GET (read no further than asked, a 416 named), which

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import shutil
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,7 +16,7 @@ import av
 import numpy as np
 import pytest
 
-from lerobot_dali import DALILeRobotIterator, concat_datasets, open_dataset
+from lerobot_dali import DALILeRobotIterator, camera_plan, concat_datasets, open_dataset
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.camera_plan import CameraPlanner
 from lerobot_dali.dataset_check import check_dataset
@@ -129,6 +130,46 @@ def test_a_dali_decoded_camera_whose_files_mix_codecs_goes_to_the_workers_when_b
     assert check_dataset(open_dataset(root), workers=0).ok
 
 
+def _routed(index, device_id: int) -> SimpleNamespace:
+    """What :meth:`CameraPlanner.route` reads of its planner: the camera's first file (cam.mp4, local; ``index``), on
+    GPU ``device_id``, the camera's files' survey stood in for (the route as given)."""
+    return SimpleNamespace(
+        device_id=device_id,
+        depth_quantizers=(),
+        reader=SimpleNamespace(filesystem_of=lambda path: None),
+        _packet_index=lambda pos, camera: (SimpleNamespace(path="cam.mp4"), index),
+        _route_for_files=lambda camera, route, preference, since=None: route,
+    )
+
+
+def test_a_union_whose_first_files_differ_in_codec_is_refused_on_a_gpu_where_nvdec_is_asked(make_ds) -> None:
+    """A union's camera whose datasets' first files are H.264 and AV1, on a GPU (a fake one, device 0): decode='gpu'
+    is refused, naming both codecs, as the camera's own mixed files are; 'auto' sends it to the workers. The
+    preference was untested here (on the CPU it is always 'cpu')."""
+    h264, av1 = (build_packet_index(make_ds(**SPEC, codec=codec) / CUT) for codec in ("h264", "av1"))
+    asked = f"decode='gpu' was asked for {CAM} (files of h264 1 file, av1 1 file), but NVDEC decodes a camera in one"
+    planned = _routed(h264, 0)
+    with pytest.raises(CodecUnsupportedError, match=re.escape(asked)):
+        CameraPlanner.route(planned, CAM, DecodePreference.GPU, others=[av1])
+    assert CameraPlanner.route(planned, CAM, DecodePreference.AUTO, others=[av1])[2] is DecodeRoute.CPU_FALLBACK
+
+
+def test_a_camera_of_one_codec_is_probed_on_the_ranks_own_gpu(make_ds, monkeypatch) -> None:
+    """A camera whose files share a codec takes the route of the NVDEC probe of its first file on this rank's GPU
+    (device 3 of a node), asked with the decode preference: the probe's device was untested (every test's GPU is
+    device 0, or none, probed as 0)."""
+    index = build_packet_index(make_ds(**SPEC, codec="h264") / CUT)
+    asked = []
+
+    def probe(source, index, *, decode=DecodePreference.AUTO, device_id=0, filesystem=None, label=""):
+        asked.append((source, device_id, decode, label))
+        return DecodeRoute.NVDEC
+
+    monkeypatch.setattr(camera_plan, "route_for_video", probe)
+    assert CameraPlanner.route(_routed(index, 3), CAM, DecodePreference.GPU, others=[])[2] is DecodeRoute.NVDEC
+    assert asked == [("cam.mp4", 3, DecodePreference.GPU, CAM)]
+
+
 def test_a_union_surveys_each_datasets_files(make_ds, copy_ds) -> None:
     """Both datasets' first files are VP9, the first dataset's file-001 AV1: the union's camera goes to the workers
     when built (before: DALI's CPU decoder, refusing the file when a batch reached it). Files are told apart by
@@ -221,6 +262,26 @@ def test_a_file_of_another_size_is_refused_when_the_iterator_is_built(make_ds, c
     )
     with pytest.raises(SchemaMismatchError, match=refused):
         DALILeRobotIterator(root, batch_size=5, device="cpu", num_workers=0)
+
+
+def test_the_cameras_surveys_count_their_progress_from_one_start(make_ds, monkeypatch) -> None:
+    """A build surveys its cameras' files one camera after another, one wait: each survey is given the build's start
+    (``since``), from which its progress line shows past 2 s, not its own (2 cameras: their surveys given one time,
+    within the build's; given none, each counts from its own start: surveys of under 2 s each, more together, show
+    no progress)."""
+    from lerobot_dali import camera_plan
+
+    real, since = camera_plan.survey_camera, []
+
+    def survey(reader, camera, positions, **kwargs):
+        since.append(kwargs.get("since"))
+        return real(reader, camera, positions, **kwargs)
+
+    monkeypatch.setattr(camera_plan, "survey_camera", survey)
+    root = make_ds(**{**SPEC, "cameras": 2}, codec="h264")
+    began = time.monotonic()
+    DALILeRobotIterator(root, batch_size=5, device="cpu", num_workers=0).close()
+    assert len(since) == 2 and since[0] == since[1] and began <= since[0] <= time.monotonic()
 
 
 def test_a_camera_on_nvdec_refuses_a_file_of_another_codec_past_the_survey(make_ds) -> None:

@@ -360,9 +360,13 @@ def test_pyav_decode_faults_say_what_to_do(marker_video: MarkerVideo, monkeypatc
 
 
 def test_codec_without_any_decoder(tmp_path: Path) -> None:
+    """The packet index names the codec its sample description gives; the PyAV reader, opened on such a file without
+    an index, says FFmpeg has no decoder for it (its stream's codec context is None), not an AttributeError."""
     path = write_undecodable_mp4(tmp_path / "evc.mp4", frames=3, fps=10, width=64, height=64)
     with pytest.raises(CodecUnsupportedError, match="evc.mp4.*names codec 'evc1': neither NVDEC.*re-encode it"):
         build_packet_index(path)
+    with pytest.raises(CodecUnsupportedError, match=r"^evc\.mp4: FFmpeg finds no decoder for the video stream; either"):
+        PyAvReader(str(path), filesystem=None, threads=1, label="evc.mp4")
 
 
 def test_a_header_too_damaged_to_name_its_codec_is_called_damaged(marker_video: MarkerVideo, tmp_path: Path) -> None:

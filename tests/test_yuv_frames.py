@@ -458,6 +458,33 @@ def test_iterator_with_graph_conversion_equals_worker_conversion(make_ds, caplog
     assert diff.float().mean() < 2.5 and diff.max() <= 40, (diff.float().mean(), diff.max())
 
 
+def test_a_camera_whose_files_mix_4_2_0_and_4_4_4_ships_full_chroma_planes(make_ds, copy_ds) -> None:
+    """A batch's planes are one size per camera: a camera whose first file is 4:2:0 and file-001 4:4:4 ships its
+    chroma at full size, the pixel format of the first file read that ships RGB-sized data (yuv444p; the first
+    file's own, yuv420p, was kept where the planner took the first file's over the survey's), and the graph's
+    frames are the workers' RGB within swscale's rounding (episodes 2 and 3 from the 4:4:4 file)."""
+    root = copy_ds(_dataset(make_ds, "h264"))
+    path = root / "videos/observation.images.cam0/chunk-000/file-001.mp4"
+    with av.open(str(path)) as source:
+        images = [frame.to_ndarray(format="rgb24") for frame in source.decode(video=0)]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=10, options={"g": "4", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = images[0].shape[1], images[0].shape[0], "yuv444p"
+        for image in images:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(stream.encode())
+    kwargs = dict(batch_size=6, shuffle=False, device="cpu", num_workers=0, drop_last=False, return_uint8=True)
+    graph = DALILeRobotIterator(root, cpu_decode=CpuDecodeOptions(color_conversion=ColorConversion.GRAPH), **kwargs)
+    assert graph._pix_fmts == {"observation.images.cam0": "yuv444p", "observation.images.cam1": "yuv420p"}
+    workers = DALILeRobotIterator(root, **kwargs)
+    for g, w in zip(graph, workers, strict=True):
+        assert g["index"].tolist() == w["index"].tolist()
+        diff = (g["observation.images.cam0"].int() - w["observation.images.cam0"].int()).abs()
+        assert diff.max() <= MAX_DIFF and diff.float().mean() <= 1.0, (diff.max(), diff.float().mean())
+    graph.close()
+    workers.close()
+
+
 def _nvdec_like(
     planes: FramePlanes, full_range: bool, upsample: Callable[[np.ndarray], np.ndarray] | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
