@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import EpisodeMetadataError, FrameTimestampError
+from .errors import FrameTimestampError
 
 if TYPE_CHECKING:
     from .camera_codecs import CameraSurvey, FileFormat
@@ -54,9 +54,8 @@ def check_file_timing(
 ) -> None:
     """Raise FrameTimestampError naming ``survey``'s files (a camera's, :func:`~.camera_codecs.survey_camera`) whose
     header says their frames cannot meet their rows: written at another rate than the rows' fps (slower, or faster
-    by less than :data:`MORE_FRAMES`), or ending before the last episode of the file has its last row's frame; and
-    EpisodeMetadataError where an episode's rows run into the next one's part of a file
-    (:func:`check_rows_fit_parts`).
+    by less than :data:`MORE_FRAMES`), or ending before the last episode of the file has its last row's frame, or
+    where an episode's rows run into the next one's part of a file (:func:`check_rows_fit_parts`).
 
     A file's last episode's last row lies at ``from_timestamp + (length - 1) / fps`` (LeRobot writes frame ``i`` of
     an episode at ``i / fps``); it is refused where that lies past the file's end by more than half a frame and the
@@ -93,11 +92,12 @@ def check_file_timing(
 
 
 def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_tail: int = 0) -> None:
-    """Raise EpisodeMetadataError naming the first of ``reader``'s episodes whose rows run past its part of its
-    ``camera`` file into the next episode's: its last row, at ``from_timestamp + (length - 1) / fps``, lies less than
-    half a frame (at the faster of the rows' and the declared video rate) before the next episode's start, so that row
-    would read the next episode's frame (``unread_tail``: the rows at its end whose frames no sample reads, left out).
-    A file's last episode is held to the file's end instead (:func:`check_file_timing`)."""
+    """Raise FrameTimestampError (as the lookup did when a batch reached the row) naming the first of ``reader``'s
+    episodes whose rows run past its part of its ``camera`` file into the next episode's: its last row, at
+    ``from_timestamp + (length - 1) / fps``, lies less than half a frame (at the faster of the rows' and the declared
+    video rate) before the next episode's start, so that row would read the next episode's frame (``unread_tail``: the
+    rows at its end whose frames no sample reads, left out). A file's last episode is held to the file's end instead
+    (:func:`check_file_timing`)."""
     fps, table = reader.fps, reader.episodes
     files = table.cameras[camera]
     half_frame_s = 0.5 / max(fps, reader.info.features[camera].declared_fps or fps)
@@ -111,7 +111,7 @@ def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_ta
     start, end = float(files.from_timestamp_s[pos]), float(files.next_from_timestamp_s[pos])
     past = max(1, int(read[pos]) - int(np.floor((end - half_frame_s - start) * fps)) - 1)
     more = f" ({int(over.sum())} episodes in all)" if over.sum() > 1 else ""
-    raise EpisodeMetadataError(
+    raise FrameTimestampError(
         f"{reader.source_of(pos)}: camera {camera!r}: episode {episode}'s rows run past its part of "
         f"{reader.video(pos, camera).path}{more}: its {length} rows at {fps:g} fps from its from_timestamp "
         f"{start:.6f} s{_last_row_said(unread_tail, float(last_s[pos]), ' end at')}, but the next episode of the "
@@ -141,8 +141,9 @@ def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int,
             f"these rows end; this one cannot start earlier): {_CORRECT.format(camera=camera)}"
         )
     return (
-        "The episode's length or either from_timestamp in meta/episodes is wrong: regenerate the episode metadata, "
-        "or leave the episode out with episodes=[...]"
+        "The video holds fewer frames for the episode than it has rows (a frame dropped as it was recorded: LeRobot's "
+        "streaming encoder drops one where its queue stays full), or the episode's length or either from_timestamp "
+        "in meta/episodes is wrong: leave the episode out with episodes=[...], or regenerate the episode metadata"
     )
 
 

@@ -224,7 +224,7 @@ def test_rows_past_a_short_video_into_the_next_episode_are_refused(ds: Path, to_
         "1.900000 s, but the next episode of the file starts at 1.500000 s (its from_timestamp), so its last 5 rows "
         "would read that episode's frames."
     )
-    with pytest.raises(EpisodeMetadataError, match=re.escape(said.format(ds / f"videos/{CAM}/chunk-000/file-000.mp4"))):
+    with pytest.raises(FrameTimestampError, match=re.escape(said.format(ds / f"videos/{CAM}/chunk-000/file-000.mp4"))):
         _first_pass(ds, episodes=[0])
 
 

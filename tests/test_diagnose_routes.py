@@ -215,9 +215,10 @@ def test_a_unions_camera_counts_each_datasets_first_file_once(make_ds, tmp_path,
 
 
 def test_the_build_looks_up_the_first_and_last_rows_of_an_episode_in_every_camera(monkeypatch) -> None:
-    """check_rows_find_frames finds the frames of an episode's first and last rows (of 8: rows 0 and 7) in each
-    camera's file, with the iterator's options (the lookup stood in for): a first row that misses its video (rows
-    shifted a frame, wall-clock time) is refused when the iterator is built, not by a worker hours in."""
+    """check_rows_find_frames finds the frames of an episode's first and last rows (of 8: rows 0 and 7; the last a
+    sample reads: 4 where the last 3 are unread) in each camera's file, with the iterator's options (the lookup stood
+    in for): a first row that misses its video (rows shifted a frame, wall-clock time) is refused when the iterator is
+    built, not by a worker hours in."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -228,11 +229,12 @@ def test_the_build_looks_up_the_first_and_last_rows_of_an_episode_in_every_camer
         looked.append((pos, camera, index, ends.tolist(), options))
 
     monkeypatch.setattr(camera_plan, "row_frame_numbers", lookup)
-    router = SimpleNamespace(reader=None, timestamp_source="frame_index", tolerance_s=0.02)
+    router = SimpleNamespace(reader=None, timestamp_source="frame_index", tolerance_s=0.02, unread_tail={"b": 3})
     rows = {"timestamp": np.arange(8) / 10}
     camera_plan.CameraRouter.check_rows_find_frames(router, 2, {"a": "a.mp4's", "b": "b.mp4's"}, rows=rows)
     options = {"timestamp_source": "frame_index", "tolerance_s": 0.02}
-    assert looked == [(2, "a", "a.mp4's", [0, 7], options), (2, "b", "b.mp4's", [0, 7], options)]
+    # (b's last 3 rows no sample reads, drop_n_last_frames past its window: its last row read is row 4)
+    assert looked == [(2, "a", "a.mp4's", [0, 7], options), (2, "b", "b.mp4's", [0, 4], options)]
 
 
 @pytest.mark.parametrize(

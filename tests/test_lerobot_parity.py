@@ -1174,7 +1174,8 @@ def test_a_frame_lerobots_streaming_encoder_drops_shifts_the_episode_in_lerobot_
     warns and records on, LeRobot 0.4.4-0.6.1): that camera's video holds a frame fewer than the episode's rows, and
     the episodes' from/to timestamps follow the video. Episode 1's frame 10 of one camera dropped through LeRobot's
     own ``queue.Full`` path: LeRobot gives rows 10-28 frames 11-29 and the last row episode 2's first frame, without
-    a word; this refuses that row, naming the neighbouring episode. The other episodes read as LeRobot's."""
+    a word; this refuses the episode when the iterator is built (its rows overrun its part of the file into the next
+    episode's), naming the dropped frame as a cause. The other episodes read as LeRobot's."""
     if not _writer_has("streaming_encoding"):
         pytest.skip("this LeRobot's writer has no streaming_encoding")
     import queue
@@ -1228,7 +1229,9 @@ def test_a_frame_lerobots_streaming_encoder_drops_shifts_the_episode_in_lerobot_
         marker = read_full_marker(image)
         markers.append((marker.episode_index, marker.frame_index))
     assert markers == [(1, f) for f in range(10)] + [(1, f) for f in range(11, 30)] + [(2, 0)]
-    with pytest.raises(FrameTimestampError, match=rf"episode 1, camera {camera} .*neighbouring episode, the next"):
+    # (refused when built: episode 1's 30 rows overrun its 29 frames, the next episode's part, by the metadata)
+    said = rf"camera '{camera}': episode 1's rows run past its part of .* so its last row would read that episode's"
+    with pytest.raises(FrameTimestampError, match=f"{said} frames. The video holds fewer frames for the episode than"):
         _ours(root, {})
     others = [0, 2, 3, 4]
     ours = _ours(root, MARKED_WINDOWS, episodes=others)
