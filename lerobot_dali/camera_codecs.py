@@ -84,8 +84,8 @@ class FileFormat(NamedTuple):
     pix_fmt: str | None
     #: (``AVColorSpace``, full range).
     color: tuple[int, bool]
-    #: Frames a second the stream declares (its average rate); None where the header declares none. With
-    #: :attr:`end_s`, what :mod:`.file_timing` holds the file's episodes' rows to.
+    #: Frames a second of the stream (FFmpeg's guess from its first frames' times, else its average rate); None where
+    #: the header gives none. With :attr:`end_s`, what :mod:`.file_timing` holds the file's episodes' rows to.
     rate: float | None = None
     #: Where the stream's frames end, in seconds (its start and duration); None where the header does not say.
     end_s: float | None = None

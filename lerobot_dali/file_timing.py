@@ -31,9 +31,10 @@ FEWER_FRAMES = 0.99
 #: between two of them (10 fps rows over 25 fps video), which a wider tolerance_s reads. Up to it, a rate other than
 #: the rows' is a mismatch (29.97 fps video, 30 fps rows), which it does not.
 MORE_FRAMES = 1.2
-#: How far a header's rate may be from the rows' fps before the file is refused when the iterator is built: a
-#: header's average rate is its frames over its duration, which a last frame held longer moves (the lookup, on each
-#: frame's time, finds a 29.97 fps file among 30 fps rows when a batch reaches it).
+#: How far a file's rate may be from the rows' fps before the file is refused when the iterator is built: a header's
+#: rate is FFmpeg's guess (or its average, frames over duration, which a last frame held longer moves), a remote
+#: file's the mean over its frames' times (a WebM's rounded to milliseconds). The lookup, on each frame's time, finds
+#: a 29.97 fps file among 30 fps rows when a batch reaches it.
 RATE_SLACK = 0.01
 
 #: How the advice says to write a file again at the rows' rate.
@@ -210,8 +211,7 @@ def _end_refusal(
     if all(_unread_before(reader, camera, pos) >= n for (_, pos, _, _), n in zip(short, missing, strict=True)):
         # (the file holds as many frames no episode reads right before the episode: its start is late, not the file
         # short)
-        _, pos, f, last_row_s = short[0]
-        start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
+        start = float(reader.episodes.cameras[camera].from_timestamp_s[short[0][1]])
         return (
             f"{'; '.join(named)}{more}: the file is not cut short, its frames from where the episode before it ends "
             f"(its from_timestamp + its length / fps) to this episode's from_timestamp are no episode's: the "
