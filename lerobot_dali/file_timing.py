@@ -23,7 +23,14 @@ if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader
     from .frame_lookup import TimestampSource
 
-__all__ = ["FEWER_FRAMES", "MORE_FRAMES", "RATE_SLACK", "check_file_timing", "check_rows_fit_parts"]
+__all__ = [
+    "FEWER_FRAMES",
+    "MORE_FRAMES",
+    "RATE_SLACK",
+    "REWRITE_AT_RATE",
+    "check_file_timing",
+    "check_rows_fit_parts",
+]
 
 #: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
 FEWER_FRAMES = 0.99
@@ -37,8 +44,8 @@ MORE_FRAMES = 1.2
 #: a 29.97 fps file among 30 fps rows when a batch reaches it.
 RATE_SLACK = 0.01
 
-#: How the advice says to write a file again at the rows' rate.
-_SETPTS = "e.g. ffmpeg -i <video> -vf 'setpts=N/({fps:g}*TB)' -r {fps:g} <new video>"
+#: How the advice says to write a file again at the rows' rate (here and in the lookup's, :mod:`.frame_lookup`).
+REWRITE_AT_RATE = "e.g. ffmpeg -i <video> -vf 'setpts=N/({fps:g}*TB)' -r {fps:g} <new video>"
 #: How the advice says to correct a from_timestamp.
 _CORRECT = "correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
 #: Files a refusal names; it counts the others.
@@ -185,7 +192,7 @@ def _rate_refusal(survey: CameraSurvey, odd: list[tuple[str, FileFormat]], fps: 
     return (
         f"{files}{more} (its header), but the rows are at info.json's fps, {fps:g}: {why}, and rows would miss their "
         f"frames when a batch reaches them. Write {it} again at {fps:g} fps, frame k at k / {fps:g} s "
-        f"({_SETPTS.format(fps=fps)}), or leave {its} episodes out with episodes=[...]"
+        f"({REWRITE_AT_RATE.format(fps=fps)}), or leave {its} episodes out with episodes=[...]"
     )
 
 
@@ -224,7 +231,7 @@ def _end_refusal(
         return (
             f"{'; '.join(named)}{more}: it holds a frame for each row up to that end, closer together than 1 / "
             f"{fps:g} s: written at another frame rate than its rows'. Write it again at {fps:g} fps, frame k at k / "
-            f"{fps:g} s ({_SETPTS.format(fps=fps)}), or leave its episodes out with episodes=[...]"
+            f"{fps:g} s ({REWRITE_AT_RATE.format(fps=fps)}), or leave its episodes out with episodes=[...]"
         )
     return (
         f"{'; '.join(named)}{more}: the file lost its last frames (a partial download or copy: download or copy it "

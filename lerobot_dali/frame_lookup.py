@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import DataFileError, FrameRequestError, FrameTimestampError
-from .file_timing import FEWER_FRAMES, MORE_FRAMES
+from .file_timing import FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
 
@@ -418,7 +418,7 @@ def _rate_mismatch(stream_fps: float, rows_fps: float, off_s: float, half_frame_
         f"{rows_fps:g}: the rows drift from their frames by {drift_ms:.3g} ms a frame ({off_s:.6f} s at this row), so "
         f"raising tolerance_s only moves the failure later, and from half a frame ({half_frame_s:.4g} s) on each "
         f"row reads another row's frame. Write the video again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s "
-        f"(e.g. ffmpeg -i <video> -vf 'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>); or, if the "
+        f"({REWRITE_AT_RATE.format(fps=rows_fps)}); or, if the "
         f"episode was recorded at the video's rate, set info.json's fps to {stream_fps:.10g}{by_index}."
     )
 
@@ -533,8 +533,7 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
             f"meta/episodes, but it holds {count} frames, a frame for each row up to that end at info.json's fps "
             f"({rows_fps:g}): its frames are {index.frame_interval_s:.6f} s apart ({1 / index.frame_interval_s:.4g} "
             f"fps), not 1 / {rows_fps:g} s. The file was written at another frame rate than its rows': write it "
-            f"again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s (e.g. ffmpeg -i <video> -vf "
-            f"'setpts=N/({rows_fps:g}*TB)' -r {rows_fps:g} <new video>)."
+            f"again at {rows_fps:g} fps, frame k at k / {rows_fps:g} s ({REWRITE_AT_RATE.format(fps=rows_fps)})."
         )
     late = _late_before_end(index, context, missing)
     if late:
