@@ -571,8 +571,9 @@ def check_video_starts(
         # (as given: a list not of indices matches none here, and EpisodeTable.select refuses it by name)
         selected = np.isin(table.episode_index, np.asarray(episodes))
     for key, files in table.cameras.items():
-        rates = [info.fps] + [rate for rate in (_declared_video_fps(info, key),) if rate is not None]
-        _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / max(rates))
+        feature = info.features.get(key)
+        fastest = max(info.fps, (feature.declared_fps if feature is not None else None) or info.fps)
+        _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / fastest)
 
 
 def _check_camera_starts(
@@ -613,12 +614,6 @@ def _check_camera_starts(
 
 def _video_file(files: CameraFiles, pos: int) -> str:
     return f"video file chunk {int(files.chunk_index[pos])} file {int(files.file_index[pos])}"
-
-
-def _declared_video_fps(info: DatasetInfo, key: str) -> float | None:
-    """The frame rate info.json declares for camera ``key``'s video (``video.fps``), where it is a positive number."""
-    feature = info.features.get(key)
-    return None if feature is None else feature.declared_fps
 
 
 def _columns(files: CameraFiles) -> tuple[np.ndarray, ...]:
