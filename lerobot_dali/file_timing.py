@@ -30,6 +30,7 @@ __all__ = [
     "REWRITE_AT_RATE",
     "check_file_timing",
     "check_rows_fit_parts",
+    "holds_a_frame_per_row",
 ]
 
 #: A video whose frame rate is under this fraction of the rows' fps has fewer frames than the rows.
@@ -250,4 +251,10 @@ def _as_many_frames_as_rows(f: FileFormat, last_row_s: float, fps: float) -> boo
     ``last_row_s``: a file written at another rate, not one cut short."""
     if f.rate is None or f.end_s is None or abs(f.rate - fps) <= RATE_SLACK * fps:
         return False
-    return round(f.end_s * f.rate) == round(last_row_s * fps) + 1
+    return holds_a_frame_per_row(round(f.end_s * f.rate), last_row_s + 1 / fps, fps)
+
+
+def holds_a_frame_per_row(frames: int, rows_end_s: float, fps: float) -> bool:
+    """Whether a file of ``frames`` frames holds one for each row at ``fps`` up to ``rows_end_s`` (the last row's time
+    and a row's length): where its frames end sooner, it was written at another rate, not cut short."""
+    return round(rows_end_s * fps) == frames

@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import DataFileError, FrameRequestError, FrameTimestampError
-from .file_timing import FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE
+from .file_timing import FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE, holds_a_frame_per_row
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
 
@@ -526,7 +526,7 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
     missing = round((stated_s - frames_end_s) / index.frame_interval_s)
     frames = "1 frame" if missing == 1 else f"{missing} frames"
     rows_fps, count = context.rows_fps if context is not None else None, int(index.shown_pts_s.size)
-    if rows_fps and abs(count / rows_fps - stated_s) <= 0.5 / rows_fps:
+    if rows_fps and holds_a_frame_per_row(count, stated_s, rows_fps):
         # (as many frames as rows up to the episode's end, but closer together: a whole file written at another rate)
         return (
             f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {stated_s:.6f} s in "
