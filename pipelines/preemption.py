@@ -21,6 +21,7 @@ import torch
 
 from pipelines.checkpoints import latest_saved_step, save_checkpoint
 from pipelines.interrupts import PREEMPTION_SIGNALS, Interrupted
+from pipelines.run_errors import peer_ended
 
 if TYPE_CHECKING:
     from pipelines.progress import FiniteLoss
@@ -161,7 +162,10 @@ class PreemptibleLoop:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
-        if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
+        # (Without an error the handlers stay until finishing: a signal while closing is noted. So where another rank
+        # ended: torchrun's SIGTERM, sent once that rank has exited, killed this one as it closed its iterator, before
+        # exit_status said why it stopped.)
+        if kind is not None and (error is None or peer_ended(error) is None):
             self.notice.uninstall()
         self._interrupted(error, step=self.step, after_step=self.after_step)  # (Ctrl-C: say how to go on)
 
