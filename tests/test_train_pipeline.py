@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -849,6 +849,44 @@ def test_a_collective_failed_by_a_peers_end_keeps_the_preemption_signals_noted()
     with pytest.raises(RuntimeError, match="a bug"), loop:
         raise RuntimeError("a bug")
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_batch_failed_by_torchruns_sigterm_is_said_only_once_the_ranks_agree_to_stop(caplog) -> None:
+    """torchrun's SIGTERM (to a rank's process group: its DALI workers too) reaches the rank left once another has
+    ended; where it read its batch then, the read failed and the rank said 'reading the batch of step 4 failed after
+    SIGTERM (...); the resumed run reads it' before its collective found the other rank gone: no checkpoint is saved
+    and no run resumes. It is said once the ranks agree to stop, as a preemption does; the collective's failure (one
+    line, exit_status's) is all that is said otherwise."""
+    from types import SimpleNamespace
+
+    from pipelines.preemption import PreemptibleLoop
+
+    def failed_read() -> Iterator[tuple[dict[str, Any], float]]:
+        os.kill(os.getpid(), signal.SIGTERM)  # (noted by the loop's handler)
+        raise RuntimeError("Worker data receiving interrupted. The worker process ended")
+        yield {}, 0.0
+
+    def peer_gone() -> int:
+        raise RuntimeError(_GLOO_PEER_GONE)
+
+    iterator = SimpleNamespace(world_size=1, rank=1, state_dict=lambda: {})
+    for agreed, said in ((peer_gone, []), (None, ["rank 1: reading the batch of step 4 failed after SIGTERM "
+                                                    "(RuntimeError: Worker data receiving interrupted); the resumed "
+                                                    "run reads it"])):  # fmt: skip
+        caplog.clear()
+        loop = PreemptibleLoop(SimpleNamespace(is_main_process=True), iterator, step=3, checkpoint_dir=None, data={})
+        if agreed is not None:
+            loop.notice.agreed = agreed  # type: ignore[method-assign]
+        try:
+            with caplog.at_level(logging.WARNING, logger="pipelines.train"), loop:
+                if agreed is None:
+                    assert loop.next_batch(failed_read(), 3) is None and loop.stopped_by == signal.SIGTERM
+                else:
+                    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+                        loop.next_batch(failed_read(), 3)
+        finally:
+            loop.notice.uninstall()
+        assert [r.getMessage() for r in caplog.records] == said
 
 
 def test_a_save_on_a_full_filesystem_is_one_line_naming_the_space_and_the_step_to_resume_from(
