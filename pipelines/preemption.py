@@ -21,6 +21,7 @@ import torch
 
 from pipelines.checkpoints import latest_saved_step, save_checkpoint
 from pipelines.interrupts import PREEMPTION_SIGNALS, Interrupted
+from pipelines.run_errors import peer_ended
 
 if TYPE_CHECKING:
     from pipelines.progress import FiniteLoss
@@ -161,7 +162,10 @@ class PreemptibleLoop:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
-        if kind is not None:  # (without an error the handlers stay until finishing: a signal while closing is noted)
+        # (Without an error the handlers stay until finishing: a signal while closing is noted. So where another rank
+        # ended: torchrun's SIGTERM, sent once that rank has exited, killed this one as it closed its iterator, before
+        # exit_status said why it stopped.)
+        if kind is not None and (error is None or peer_ended(error) is None):
             self.notice.uninstall()
         self._interrupted(error, step=self.step, after_step=self.after_step)  # (Ctrl-C: say how to go on)
 
@@ -181,6 +185,7 @@ class PreemptibleLoop:
         self.step, self.after_step = step, False
         self._position = self.iterator.state_dict()  # the stream here: a preemption's checkpoint takes no batch more
         got = None
+        failed = ""  # (what reading the batch raised, said as text: its frames let go)
         try:
             if not self.notice.received:
                 got = next(batches)
@@ -189,11 +194,15 @@ class PreemptibleLoop:
                 raise
             # (A signal sent to the process group, as torchrun sends it, or to every process, as SLURM does, ends
             # the DALI workers too. The batch is read again on resume: the position is before it.)
-            logger.warning(
-                "rank %d: reading the batch of step %d failed after %s (%s: %s); the resumed run reads it",
-                self.iterator.rank, step + 1, self.notice.name, type(e).__name__, str(e).partition(". ")[0],
-            )  # fmt: skip
+            failed = f"{type(e).__name__}: {str(e).partition('. ')[0]}"
         self.stopped_by = self.notice.agreed()
+        # Said once the ranks agreed to stop: where another rank's process ended instead (torchrun's SIGTERM, no
+        # preemption), the collective's failure says that alone; this line said a resumed run reads the batch too.
+        if failed:
+            logger.warning(
+                "rank %d: reading the batch of step %d failed after %s (%s); the resumed run reads it",
+                self.iterator.rank, step + 1, self.notice.name, failed,
+            )  # fmt: skip
         if self.stopped_by:
             return None
         assert got is not None  # (no rank had a signal: this one read its batch)

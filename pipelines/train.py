@@ -93,7 +93,7 @@ from pipelines.interrupts import Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
 from pipelines.preemption import PREEMPTION_SIGNALS, Preempted
 from pipelines.progress import SKIPPED_IN_A_ROW, RunRecord
-from pipelines.run_errors import RunRefused, SetupError, setting_up
+from pipelines.run_errors import DATA_ERRORS, RunRefused, SetupError, peer_ended, setting_up
 from pipelines.training_loop import run_steps
 
 if TYPE_CHECKING:
@@ -987,7 +987,10 @@ def exit_status(
     line (``program: message``), as a flag's mistake; after :class:`Preempted` or :class:`Interrupted` (Ctrl-C,
     logged as one line), their ``exit_status``. A Ctrl-C before the training loop (whose
     :class:`~pipelines.preemption.PreemptibleLoop` makes the loop's and closing's :class:`Interrupted`) is one line and
-    130 too: it was a traceback, the process killed by SIGINT (status -2, or 130 under a launcher)."""
+    130 too: it was a traceback, the process killed by SIGINT (status -2, or 130 under a launcher). Once training has
+    started, 1 after an error of :data:`DATA_ERRORS` (the data a batch read: one line naming the file, episode and
+    camera, its traceback and causes at DEBUG) or a collective failed because another rank ended
+    (:func:`peer_ended`: one line saying so, that rank's error being its own); anything else keeps its traceback."""
     try:
         run()
     except (SetupError, RunRefused) as e:  # the datasets or the checkpoint (a batch larger than an epoch: in the
@@ -1003,10 +1006,31 @@ def exit_status(
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).
-        for signum in PREEMPTION_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+        _ignore_preemption_signals()
         return e.exit_status
+    except DATA_ERRORS as e:  # a batch's data: the message names it all (it chained the same text 2-4 times)
+        log.error("%s: %s: %s", program, type(e).__name__, e)
+        log.debug("%s: the error's traceback and causes", program, exc_info=e)
+        return 1
+    except Exception as e:
+        gloo_said = peer_ended(e)
+        if gloo_said is None:  # (this rank's own error: its traceback, whole)
+            raise
+        _ignore_preemption_signals()  # (torchrun's SIGTERM to the ranks left: the status stays this one)
+        log.error(
+            "%s: another rank's process ended, and this rank's collective with it failed (gloo: %s): the error is "
+            "that rank's, said above in its own lines (torchrun's summary names its exit code); this rank stops "
+            "too (exit status 1)",
+            program, gloo_said,
+        )  # fmt: skip
+        log.debug("%s: this rank's traceback", program, exc_info=e)
+        return 1
     return 0
+
+
+def _ignore_preemption_signals() -> None:
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

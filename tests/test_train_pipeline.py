@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -776,6 +776,119 @@ def test_a_run_whose_closing_fails_gives_the_signals_back() -> None:
         loop.notice.uninstall()
 
 
+_GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:33172. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+    "before reporting an error."
+)
+
+
+def test_a_data_error_in_training_and_a_peer_ranks_end_are_one_line_and_status_1(caplog) -> None:
+    """Once training has started, a batch's data error (here chained, as a worker's comes back through DALI) was a
+    traceback saying its message 2-4 times, and the rank waiting for it in a collective gave gloo's 34-line traceback
+    ('Connection closed by peer'), then died of torchrun's SIGTERM (-15) as Python exited. Each is one line now, exit
+    status 1, the traceback at DEBUG, and the waiting rank ignores the SIGTERM from there on. Any other error, gloo's
+    timeout too, is the rank's own and keeps its traceback."""
+    from lerobot_dali.errors import VideoDecodeError
+    from pipelines.train import exit_status
+
+    def failing(error: Exception, cause: Exception | None = None) -> Callable[[], None]:
+        def run() -> None:
+            raise error from cause
+
+        return run
+
+    log = logging.getLogger("pipelines.train")
+    message = "camera 'cam0', batch of episodes [1, 3]: /d/videos/episode_000003.mp4: the VP9 stream changes size"
+    data_error = failing(VideoDecodeError(message), RuntimeError(message))
+    with caplog.at_level(logging.DEBUG, logger="pipelines.train"):
+        assert exit_status(data_error, "train.py", log) == 1
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, f"train.py: VideoDecodeError: {message}"),
+        (logging.DEBUG, "train.py: the error's traceback and causes"),
+    ]
+    assert caplog.records[1].exc_info is not None and isinstance(caplog.records[1].exc_info[1].__cause__, RuntimeError)
+    caplog.clear()
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        with caplog.at_level(logging.ERROR, logger="pipelines.train"):
+            assert exit_status(failing(RuntimeError(_GLOO_PEER_GONE)), "lerobot_policy.py", log) == 1
+        assert [r.getMessage() for r in caplog.records] == [
+            "lerobot_policy.py: another rank's process ended, and this rank's collective with it failed (gloo: "
+            "Connection closed by peer [127.0.0.1]:33172): the error is that rank's, said above in its own lines "
+            "(torchrun's summary names its exit code); this rank stops too (exit status 1)"
+        ]
+        assert signal.getsignal(signal.SIGTERM) == signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    timeout = "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv"
+    for own in (RuntimeError(timeout), RuntimeError("Connection closed by peer, says a bug"), KeyError("a bug")):
+        with pytest.raises(type(own)):
+            exit_status(failing(own), "train.py", log)
+
+
+def test_a_collective_failed_by_a_peers_end_keeps_the_preemption_signals_noted() -> None:
+    """torchrun sends SIGTERM to the ranks left once one has exited: the waiting rank, its collective failed, got it
+    as it closed its iterator, the loop's handlers gone, and died of it (-15) before saying why it stopped. The loop
+    keeps noting the signals for such an error (exit_status then ignores them); for any other it gives them back."""
+    from types import SimpleNamespace
+
+    from pipelines.preemption import PreemptibleLoop
+
+    iterator = SimpleNamespace(world_size=1, rank=0, state_dict=lambda: {})
+    before = signal.getsignal(signal.SIGTERM)
+    loop = PreemptibleLoop(SimpleNamespace(is_main_process=True), iterator, step=0, checkpoint_dir=None, data={})
+    try:
+        with pytest.raises(RuntimeError, match="Connection closed by peer"), loop:
+            raise RuntimeError(_GLOO_PEER_GONE)
+        assert signal.getsignal(signal.SIGTERM) == loop.notice._note  # (noted, not the default that ends the process)
+    finally:
+        loop.notice.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before
+    with pytest.raises(RuntimeError, match="a bug"), loop:
+        raise RuntimeError("a bug")
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_batch_failed_by_torchruns_sigterm_is_said_only_once_the_ranks_agree_to_stop(caplog) -> None:
+    """torchrun's SIGTERM (to a rank's process group: its DALI workers too) reaches the rank left once another has
+    ended; where it read its batch then, the read failed and the rank said 'reading the batch of step 4 failed after
+    SIGTERM (...); the resumed run reads it' before its collective found the other rank gone: no checkpoint is saved
+    and no run resumes. It is said once the ranks agree to stop, as a preemption does; the collective's failure (one
+    line, exit_status's) is all that is said otherwise."""
+    from types import SimpleNamespace
+
+    from pipelines.preemption import PreemptibleLoop
+
+    def failed_read() -> Iterator[tuple[dict[str, Any], float]]:
+        os.kill(os.getpid(), signal.SIGTERM)  # (noted by the loop's handler)
+        raise RuntimeError("Worker data receiving interrupted. The worker process ended")
+        yield {}, 0.0
+
+    def peer_gone() -> int:
+        raise RuntimeError(_GLOO_PEER_GONE)
+
+    iterator = SimpleNamespace(world_size=1, rank=1, state_dict=lambda: {})
+    for agreed, said in ((peer_gone, []), (None, ["rank 1: reading the batch of step 4 failed after SIGTERM "
+                                                    "(RuntimeError: Worker data receiving interrupted); the resumed "
+                                                    "run reads it"])):  # fmt: skip
+        caplog.clear()
+        loop = PreemptibleLoop(SimpleNamespace(is_main_process=True), iterator, step=3, checkpoint_dir=None, data={})
+        if agreed is not None:
+            loop.notice.agreed = agreed  # type: ignore[method-assign]
+        try:
+            with caplog.at_level(logging.WARNING, logger="pipelines.train"), loop:
+                if agreed is None:
+                    assert loop.next_batch(failed_read(), 3) is None and loop.stopped_by == signal.SIGTERM
+                else:
+                    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+                        loop.next_batch(failed_read(), 3)
+        finally:
+            loop.notice.uninstall()
+        assert [r.getMessage() for r in caplog.records] == said
+
+
 def test_a_save_on_a_full_filesystem_is_one_line_naming_the_space_and_the_step_to_resume_from(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -883,6 +996,49 @@ def test_a_signal_to_one_rank_or_to_torchrun_stops_both_ranks_at_one_step_and_re
             torch.tensor(got["losses"]), torch.tensor(want["losses"][second:]), rtol=1e-5, atol=1e-6
         )
     _assert_same_model(_model(ckpt, 25), _model(full_ckpt, 25))
+
+
+def test_a_data_error_on_one_rank_mid_epoch_is_one_line_and_the_other_rank_says_it_stopped_for_it(
+    make_ds: Callable[..., Path], copy_ds, tmp_path: Path
+) -> None:
+    """Rows of episode 5 (one rank's) jump 1 s ahead mid-episode, found as a batch reads them: that rank's error was
+    a traceback saying its message 3 times (the worker's, DALI's hand-over, the batch's), and the other rank, waiting
+    in a collective, gave gloo's 34-line traceback ('Connection closed by peer'), then was killed by torchrun's
+    SIGTERM (exit code -15 in its summary). Now each rank says one line, the failing one its error naming dataset,
+    episode and camera, the other that another rank ended; both exit with 1, as does torchrun."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    dataset = copy_ds(make_ds(**EVEN))
+    for path in sorted((dataset / "data").rglob("*.parquet")):
+        table = pq.read_table(path)
+        rows = np.flatnonzero(table["episode_index"].to_numpy() == 5)[10:]
+        if len(rows):
+            times = table["timestamp"].to_numpy().copy()
+            times[rows] += 1.0
+            table = table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(times))
+            pq.write_table(table, path)
+    args = [*COMMON, "--dataset", str(dataset), "--steps", "25", "--batch-size", "6"]
+    result = _failed([*args, "--checkpoint-dir", str(tmp_path / "ckpt")], procs=2)
+    assert result.returncode == 1, result.stderr[-30000:]
+    assert "[rank" not in result.stderr and "lerobot_dali.errors" not in result.stderr, result.stderr[-30000:]
+    said = {
+        line.split()[1]: line.partition("train.py: ")[2] for line in result.stderr.splitlines() if "train.py: " in line
+    }
+    assert len(said) == 2, result.stderr[-30000:]
+    failed = next(rank for rank, line in said.items() if line.startswith("FrameTimestampError: "))
+    assert (
+        said[failed].startswith(f"FrameTimestampError: dataset {dataset}, episode 5, camera observation.images.cam")
+        and result.stderr.count("has no video frame within tolerance_s") == 1
+    ), result.stderr[-30000:]
+    (waited,) = set(said) - {failed}
+    assert re.fullmatch(
+        r"another rank's process ended, and this rank's collective with it failed \(gloo: Connection closed by peer "
+        r"\[127\.0\.0\.1\]:\d+\): the error is that rank's, said above in its own lines \(torchrun's summary names its "
+        r"exit code\); this rank stops too \(exit status 1\)",
+        said[waited],
+    ), result.stderr[-30000:]
+    assert result.stderr.count("exitcode  : 1 ") == 2, result.stderr[-30000:]  # (torchrun's summary: no -15)
 
 
 def test_two_ranks_train_on_a_mixture_and_resume_it_exactly(make_ds: Callable[..., Path], tmp_path: Path) -> None:
