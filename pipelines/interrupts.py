@@ -23,16 +23,30 @@ from typing import NoReturn
 #: ``preemption.py``, which imports torch: :func:`run_main` ignores them once the script's status is known.)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-__all__ = ["Interrupted", "configure_logging", "run_main", "said"]
+__all__ = ["LOG_LEVEL_ENV", "Interrupted", "configure_logging", "run_main", "said"]
+
+
+#: The scripts' log level, where not INFO: ``DEBUG`` adds what one-line errors leave out (a data error's traceback and
+#: causes, a waiting rank's collective's), ``WARNING`` drops the progress lines. (Not torchrun's ``LOGLEVEL``, which
+#: a user sets for torchrun's own lines.)
+LOG_LEVEL_ENV = "LEROBOT_DALI_LOG_LEVEL"
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def configure_logging() -> None:
-    """INFO and up to stderr, each line with its time and the launcher's ``RANK`` (torchrun, accelerate launch)."""
+    """INFO (or :data:`LOG_LEVEL_ENV`'s level) and up to stderr, each line with its time and the launcher's ``RANK``
+    (torchrun, accelerate launch)."""
+    wanted = os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or "INFO"
     logging.basicConfig(
-        level=logging.INFO,
+        level=wanted if wanted in _LEVELS else logging.INFO,
         format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if wanted not in _LEVELS:
+        logging.getLogger(__name__).warning(
+            "%s=%s is not a log level (one of %s): logging at INFO", LOG_LEVEL_ENV, os.environ[LOG_LEVEL_ENV],
+            ", ".join(_LEVELS),
+        )  # fmt: skip
 
 
 class Interrupted(KeyboardInterrupt):

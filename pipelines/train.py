@@ -89,7 +89,7 @@ from pipelines.checkpoints import (
     latest_saved_step,
     resume_latest,
 )
-from pipelines.interrupts import Interrupted, configure_logging, said
+from pipelines.interrupts import LOG_LEVEL_ENV, Interrupted, configure_logging, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
 from pipelines.preemption import PREEMPTION_SIGNALS, Preempted
 from pipelines.progress import SKIPPED_IN_A_ROW, RunRecord
@@ -1009,7 +1009,7 @@ def exit_status(
         _ignore_preemption_signals()
         return e.exit_status
     except DATA_ERRORS as e:  # a batch's data: the message names it all (it chained the same text 2-4 times)
-        log.error("%s: %s: %s", program, type(e).__name__, e)
+        log.error("%s: %s: %s (its traceback: %s=DEBUG)", program, type(e).__name__, e, LOG_LEVEL_ENV)
         log.debug("%s: the error's traceback and causes", program, exc_info=e)
         return 1
     except Exception as e:

@@ -804,7 +804,7 @@ def test_a_data_error_in_training_and_a_peer_ranks_end_are_one_line_and_status_1
     with caplog.at_level(logging.DEBUG, logger="pipelines.train"):
         assert exit_status(data_error, "train.py", log) == 1
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
-        (logging.ERROR, f"train.py: VideoDecodeError: {message}"),
+        (logging.ERROR, f"train.py: VideoDecodeError: {message} (its traceback: LEROBOT_DALI_LOG_LEVEL=DEBUG)"),
         (logging.DEBUG, "train.py: the error's traceback and causes"),
     ]
     assert caplog.records[1].exc_info is not None and isinstance(caplog.records[1].exc_info[1].__cause__, RuntimeError)
@@ -826,6 +826,24 @@ def test_a_data_error_in_training_and_a_peer_ranks_end_are_one_line_and_status_1
     for own in (RuntimeError(timeout), RuntimeError("Connection closed by peer, says a bug"), KeyError("a bug")):
         with pytest.raises(type(own)):
             exit_status(failing(own), "train.py", log)
+
+
+@pytest.mark.parametrize(
+    ("value", "level", "warned"),
+    [("", "INFO", False), ("debug", "DEBUG", False), (" WARNING ", "WARNING", False), ("loud", "INFO", True)],
+)
+def test_the_scripts_log_at_the_level_lerobot_dali_log_level_names(value: str, level: str, warned: bool) -> None:
+    """The one-line data error points at LEROBOT_DALI_LOG_LEVEL=DEBUG for its traceback: the scripts' logging takes
+    that level (any case), INFO where it is unset, and says so where it names none."""
+    code = (
+        "import logging; from pipelines.interrupts import configure_logging; configure_logging(); "
+        "print(logging.getLevelName(logging.getLogger().level))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LEROBOT_DALI_LOG_LEVEL": value}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode == 0 and result.stdout == f"{level}\n"
+    said = "LEROBOT_DALI_LOG_LEVEL=loud is not a log level (one of DEBUG, INFO, WARNING, ERROR): logging at INFO"
+    assert (said in result.stderr) is warned
 
 
 def test_a_collective_failed_by_a_peers_end_keeps_the_preemption_signals_noted() -> None:
