@@ -155,6 +155,49 @@ def test_a_missing_data_file_error_keeps_its_status_through_the_batch_and_a_work
     assert (str(info.value), info.value.status) == (f"episode 0's rows: {GONE}", 410)
 
 
+def test_a_workers_data_error_is_raised_alone_its_chain_at_debug(make_ds, monkeypatch, caplog) -> None:
+    """A worker's error about the batch's data came back chained to DALI's hand-over of it: its message 4 times in a
+    94-line traceback (DALI's RuntimeError, the worker's error and the batch's wrapping of it in the worker's
+    traceback text, the rebuilt error). The rebuilt error is raised alone, its message once; how it was raised, the
+    worker's traceback included, is logged at DEBUG."""
+    import logging
+
+    root = _small_dataset(make_ds)
+    monkeypatch.setattr(iterator_module, "BatchSource", _GoneRowsSource)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=1, cameras=[])
+    with caplog.at_level(logging.DEBUG, "lerobot_dali.iterator"), pytest.raises(errors.MissingDataFileError) as info:
+        next(iter(it))
+    it.close()
+    assert (info.value.__cause__, info.value.__suppress_context__, info.value.status) == (None, True, 410)
+    assert "".join(traceback.format_exception(info.value)).count(GONE) == 1
+    (how,) = [r for r in caplog.records if r.getMessage() == "rank 0: how MissingDataFileError was raised"]
+    assert "Exception traceback received from worker" in "".join(traceback.format_exception(how.exc_info[1]))
+
+
+class _CountedFailingClips(BatchSource):
+    """Fails every batch with a VideoDecodeError naming its file, counting its calls (num_workers=0: in-process)."""
+
+    calls = 0
+
+    def assemble(self, *args, **kwargs):
+        type(self).calls += 1
+        raise errors.VideoDecodeError("camera 'observation.images.cam0', batch of episodes [0]: x.webm: damaged")
+
+
+def test_a_data_error_of_the_batch_in_process_is_not_assembled_again(make_ds, monkeypatch) -> None:
+    """With num_workers=0 a batch's own VideoDecodeError (it names the file) was taken for DALI's decoder failing:
+    each of the batch's samples was assembled again, alone, to find a clip DALI refuses, raising the same error a
+    second time from there (85 lines). It is raised as it came (its batch assembled once)."""
+    root = make_ds(episodes=2, frames_per_episode=4, cameras=1, codec="vp9", fps=10, episodes_per_file=2, gop=2)
+    monkeypatch.setattr(iterator_module, "BatchSource", _CountedFailingClips)
+    monkeypatch.setattr(_CountedFailingClips, "calls", 0)
+    it = DALILeRobotIterator(root, batch_size=2, shuffle=False, device="cpu", num_workers=0)
+    with pytest.raises(errors.VideoDecodeError, match="x.webm: damaged"):
+        next(iter(it))
+    it.close()
+    assert _CountedFailingClips.calls == 1
+
+
 def test_multiline_error_from_a_real_worker(make_ds, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _small_dataset(make_ds)
     monkeypatch.setattr(iterator_module, "BatchSource", _FailingSource)
