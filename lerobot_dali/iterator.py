@@ -786,7 +786,7 @@ class DALILeRobotIterator:
     def _failed_batch_error(self, e: Exception) -> tuple[BaseException, bool]:
         """The error to raise for a failed batch, after closing the pipeline: a dead worker, a named clip, or
         the original; and whether it is a worker's error about the batch's data, rebuilt from DALI's text, whose
-        message says it all (its cause is DALI's hand-over of that text: the message 2-4 times more)."""
+        message says it all (its cause is DALI's hand-over of that text: the message 3 times more)."""
         where = (
             f"the batches after sample {self._stream.samples_consumed} of epoch {self._stream.epoch} "
             f"(rank {self.rank}, {counted(self._num_workers, 'worker process')})"
