@@ -103,18 +103,47 @@ def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_
         first.check(SimpleNamespace(codec="av1", height=96, width=96), path="big.mp4", episode=4, camera=CAM)
 
 
+_PAST = "video files, more than 2: only its first file's format is read when the iterator is built"
+
+
 @pytest.mark.parametrize(
-    ("remote", "bound", "surveyed"), [(False, 3, [0, 2, 4]), (False, 2, [0]), (True, 3, [0, 2, 4]), (True, 2, [0])]
-)
-def test_a_cameras_files_up_to_their_bound_are_each_surveyed(make_ds, monkeypatch, remote: bool, bound: int, surveyed):
+    ("kind", "bound", "surveyed", "said"),
+    [
+        ("local", 3, [0, 2, 4], None), ("local", 2, [0], f"has 3 {_PAST}"),
+        ("remote", 3, [0, 2, 4], None), ("remote", 2, [0], f"has 3 {_PAST}"),
+        ("union", 2, [0, 2], f"has 3 remote {_PAST}"),
+    ],
+)  # fmt: skip
+def test_a_cameras_files_up_to_their_bound_are_each_surveyed(
+    make_ds, monkeypatch, caplog, kind: str, bound: int, surveyed: list[int], said: str | None
+) -> None:
     """3 files, whose first episodes are 0, 2 and 4: a bound of 3 files (local, or remote) surveys each; of 2, the
-    first episode's alone."""
+    first episode's alone, and says so. A union of a local dataset of 1 file (episodes 0-1) and that remote one
+    surveys its local file and the remote dataset's first episode, saying which files were past their bound."""
     from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
 
-    monkeypatch.setattr(camera_codecs, "CHECKED_FILES_REMOTE" if remote else "CHECKED_FILES", bound)
+    monkeypatch.setattr(camera_codecs, "CHECKED_FILES" if kind == "local" else "CHECKED_FILES_REMOTE", bound)
     root = make_ds(**SPEC, codec="h264")
-    reader = open_dataset("fakeremote://", storage_options={"root": str(root)}) if remote else open_dataset(root)
-    assert camera_codecs.surveyed_positions(reader, CAM) == surveyed
+    if kind == "local":
+        reader = open_dataset(root)
+    else:
+        reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    if kind == "union":
+        reader = concat_datasets([open_dataset(make_ds(**{**SPEC, "episodes": 2}, codec="h264")), reader])
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"):
+        assert camera_codecs.surveyed_positions(reader, CAM) == surveyed
+    assert (said in caplog.text) if said else ("more than" not in caplog.text), caplog.text
+
+
+def test_a_remote_cameras_files_are_surveyed_by_their_headers_where_no_index_store_is_given(make_ds, monkeypatch):
+    """Without a packet index store (`lerobot-dali info`'s survey), a remote dataset's files are read by their
+    headers, not each indexed whole."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setattr(camera_codecs, "load_episode_packet_index", lambda *a, **k: pytest.fail("a file indexed"))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(make_ds(**SPEC, codec="h264"))})
+    formats = camera_codecs.survey_camera(reader, CAM, [0, 2, 4]).formats.values()
+    assert [(f.codec, f.height, f.width, f.rate) for f in formats] == [("h264", 64, 96, 10.0)] * 3
 
 
 @pytest.mark.parametrize("odd", [5, 6])
