@@ -47,7 +47,8 @@ def _opener(name: str, make_ds: Callable[..., Path], copy_ds: Callable[[Path], P
         av1 = make_ds(**SPEC, codec="av1")
         return lambda: concat_datasets([open_dataset(vp9), open_dataset(av1)])
     cut = {"vp9+av1": make_ds(**SPEC, codec="av1"), "vp9+av1 remote": make_ds(**SPEC, codec="av1"),
-           "vp9 64x128 file": make_ds(**{**SPEC, "size": (64, 128)}, codec="vp9")}[name]  # fmt: skip
+           "vp9 64x128 file": make_ds(**{**SPEC, "size": (64, 128)}, codec="vp9"),
+           SHORT: make_ds(**{**SPEC, "frames_per_episode": 7}, codec="vp9")}[name]  # fmt: skip
     root = copy_ds(vp9)
     shutil.copyfile(cut / CUT, root / CUT)
     if name.endswith("remote"):
@@ -65,13 +66,17 @@ def _iterator_routes(reader: LeRobotDatasetReader, **options: Any) -> dict[str, 
     return {camera: route.value for camera, route in it.routes.items()}
 
 
-CASES = [*REAL, "vp9", "vp9+av1", "vp9+av1 remote", "vp9 64x128 file", "union vp9 | av1"]
+#: file-001 of 14 frames (2 episodes of 7) where episodes 2-3 have 8 rows each: its last row 0.1 s past its end.
+SHORT = "vp9 file 2 frames short"
+CASES = [*REAL, "vp9", "vp9+av1", "vp9+av1 remote", "vp9 64x128 file", SHORT, "union vp9 | av1"]
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_diagnose_shows_the_route_the_iterator_takes(name, make_ds, copy_ds, tmp_path, monkeypatch) -> None:
     """Per camera, diagnose's route equals the route a CPU iterator took, or both refuse the camera alike (before:
-    a VP9 camera with a 64x128 file among 64x96 ones read "route cpu_fallback" where the iterator refused it)."""
+    a VP9 camera with a 64x128 file among 64x96 ones read "route cpu_fallback" where the iterator refused it). A
+    file whose last episode's last row lies past its end is refused by both: diagnose holds every row to it, as the
+    iterator's defaults do."""
     monkeypatch.setenv("LEROBOT_DALI_CACHE", str(tmp_path / "cache"))
     opener = _opener(name, make_ds, copy_ds)
     routes = _iterator_routes(opener(), **REAL.get(name, ({}, {}))[1])
@@ -80,6 +85,11 @@ def test_diagnose_shows_the_route_the_iterator_takes(name, make_ds, copy_ds, tmp
     assert shown == routes
     if name == "vp9 64x128 file":
         assert isinstance(shown, str) and re.match(r"SchemaMismatchError: .*file-001\.mp4 .*is vp9 64x128", shown)
+    elif name == SHORT:
+        said = "ends at 1.400000 s (its header: 10 fps), but episode 3, its last, has 8 rows at 10 fps from its "
+        assert (
+            isinstance(shown, str) and f"{CUT} (camera '{CAM}') {said}from_timestamp 0.800000 s, the last at " in shown
+        )
     else:
         assert isinstance(shown, dict) and set(shown.values()) == {"dali_cpu" if name == "vp9" else "cpu_fallback"}
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import av
 import numpy as np
@@ -13,8 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from lerobot_dali import DALILeRobotIterator, open_dataset
-from lerobot_dali.camera_codecs import read_file_format, survey_camera
+from lerobot_dali.camera_codecs import CameraSurvey, FileFormat, read_file_format, survey_camera
 from lerobot_dali.errors import FrameTimestampError
+from lerobot_dali.file_timing import check_file_timing, check_rows_fit_parts
+from lerobot_dali.frame_lookup import ITERATORS_LOOKUP, TimestampSource
 from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index_store import PacketIndexStore
 
@@ -207,3 +211,149 @@ def test_remote_files_are_timed_from_their_packet_indexes_as_local_ones_from_the
         assert f.rate == pytest.approx(header.rate, rel=1e-9) and f.end_s == pytest.approx(header.end_s, abs=1e-9)
     with pytest.raises(FrameTimestampError, match=r"file-001\.mp4 \(episode 2, .*\) is written at 8 fps"):
         _build(remote)
+
+
+def _stand_in(
+    starts: list[float], lengths: list[int], files: list[int], headers: list[tuple[float | None, float]], fps: float
+) -> tuple[Any, CameraSurvey]:
+    """What the checks read of a dataset whose episode ``i`` has ``lengths[i]`` rows at ``fps`` from ``starts[i]`` s of
+    file ``files[i]``, and the survey of its files, file ``k``'s header saying ``headers[k]`` (its rate and end)."""
+    starts_s, in_file = np.asarray(starts, dtype=np.float64), np.asarray(files)
+    later = [starts_s[(in_file == in_file[i]) & (starts_s > starts_s[i])] for i in range(len(starts))]
+    next_s = np.array([s.min() if s.size else np.nan for s in later])
+    paths = [f"file-{k:03d}.mp4" for k in files]
+
+    def previous_end_s(pos: int, camera: str) -> float | None:
+        before = np.flatnonzero((in_file == in_file[pos]) & (next_s == starts_s[pos]))
+        return float(starts_s[before[0]] + lengths[before[0]] / fps) if before.size else None
+
+    episodes = SimpleNamespace(
+        episode_index=np.arange(len(starts)), length=np.asarray(lengths),
+        cameras={CAM: SimpleNamespace(from_timestamp_s=starts_s, next_from_timestamp_s=next_s)},
+    )  # fmt: skip
+    reader = SimpleNamespace(
+        fps=fps, episodes=episodes, info=SimpleNamespace(features={CAM: SimpleNamespace(declared_fps=None)}),
+        video=lambda pos, camera: SimpleNamespace(path=paths[pos]), frame_lookup=lambda pos: ITERATORS_LOOKUP,
+        source_of=lambda pos: "ds", previous_end_s=previous_end_s,
+    )  # fmt: skip
+    first: dict[str, int] = {}
+    for pos, path in enumerate(paths):
+        first.setdefault(path, pos)
+    formats = {
+        path: FileFormat("h264", 64, 96, "yuv420p", (2, False), *headers[files[pos]]) for path, pos in first.items()
+    }
+    return reader, CameraSurvey(CAM, formats, first)
+
+
+def _timing_refusal(reader: Any, survey: CameraSurvey, **options) -> str:
+    with pytest.raises(FrameTimestampError) as info:
+        check_file_timing(
+            reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4, **options
+        )
+    return str(info.value)
+
+
+@pytest.mark.parametrize("count", [5, 6])
+@pytest.mark.parametrize(
+    ("header", "said", "after"),
+    [
+        ((12.0, 1.0), "{path} (episode {k}, camera '" + CAM + "') is written at 12 fps", " (its header), but the rows"),
+        ((10.0, 0.5), "{path} (camera '" + CAM + "') ends at 0.500000 s (its header: 10 fps), but episode {k}, its "
+                      "last, has 8 rows at 10 fps from its from_timestamp 0.000000 s, the last at 0.700000 s",
+         ": the file lost its last frames"),
+    ],
+)  # fmt: skip
+def test_a_refusal_names_five_files_and_counts_the_others(count: int, header, said: str, after: str) -> None:
+    """Files of one episode each, 8 rows at 10 fps: at 12 fps (1.2 times the rows' rate, not more: refused), or
+    ending at 0.5 s, 2 frames before the last row at 0.7 s. Five are named; a sixth is counted."""
+    reader, survey = _stand_in([0.0] * count, [8] * count, list(range(count)), [header] * count, fps=10)
+    named = "; ".join(said.format(path=f"file-{k:03d}.mp4", k=k) for k in range(5))
+    more = " (and 1 more files)" if count == 6 else ""
+    assert _timing_refusal(reader, survey).startswith(f"{named}{more}{after}")
+
+
+@pytest.mark.parametrize(
+    ("start", "length", "unread_tail", "said"),
+    [
+        (0.9, 1, 0, "has 1 rows at 10 fps from its from_timestamp 0.900000 s, the last at 0.900000 s: the file lost"),
+        (1.1, 3, 2, "has 3 rows at 10 fps from its from_timestamp 1.100000 s, the last a sample reads at 1.100000 s "
+                    "(its last 2 lie past every window: drop_n_last_frames): the file lost"),
+        (1.1, 2, 2, None),
+    ],
+)  # fmt: skip
+def test_a_files_last_episode_is_held_to_its_end_by_its_rows_read_alone(
+    start: float, length: int, unread_tail: int, said: str | None
+) -> None:
+    """A file ending at 0.8 s, where episode 0's 8 rows end, and episode 1 from ``start``: its one row (at 0.9 s, 0.1 s
+    past the end; by default every row is read), or the one of 3 a sample reads (at 1.1 s), has no frame: refused.
+    With none read (2 rows, both past every window) it is held to nothing."""
+    reader, survey = _stand_in([0.0, start], [8, length], [0, 0], [(10.0, 0.8)], fps=10)
+    if said is None:
+        check_file_timing(reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4,
+                          unread_tail=unread_tail)  # fmt: skip
+        return
+    assert said in _timing_refusal(reader, survey, **({"unread_tail": unread_tail} if unread_tail else {}))
+
+
+@pytest.mark.parametrize(
+    ("rate", "end_s", "said"),
+    [
+        (101.0, 200 / 101, "ends at 1.980198 s (its header: 101 fps), but episode 0, its last, has 200 rows at 100 fps "
+                           "from its from_timestamp 0.000000 s, the last at 1.990000 s: the file lost its last frames"),
+        (None, 1.5, "ends at 1.500000 s (its header), but episode 0, its last, has 200 rows at 100 fps from its "
+                    "from_timestamp 0.000000 s, the last at 1.990000 s: the file lost its last frames"),
+    ],
+)  # fmt: skip
+def test_a_file_at_the_rows_rate_within_the_slack_or_of_no_rate_is_told_it_lost_frames(
+    rate: float | None, end_s: float, said: str
+) -> None:
+    """200 frames at 101 fps, 1% over 200 rows at 100 fps (as close as RATE_SLACK lets a rate be the rows'), end at
+    1.980198 s, a frame before the last row's 1.99 s: a frame a row, but the rows' rate, so lost frames, not a file
+    written at another rate. A header of no rate alike."""
+    reader, survey = _stand_in([0.0], [200], [0], [(rate, end_s)], fps=100)
+    assert _timing_refusal(reader, survey).startswith(f"file-000.mp4 (camera '{CAM}') {said}")
+
+
+@pytest.mark.parametrize(
+    ("fps", "length", "starts", "said"),
+    [
+        (10, 8, [0.0, 0.7, 1.4],
+         "episode 0's rows run past its part of file-000.mp4 (2 episodes in all): its 8 rows at 10 fps from its "
+         "from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at 0.700000 s (its "
+         "from_timestamp), so its last row would read that episode's frames. The next episode's from_timestamp in "
+         "meta/episodes is most likely 1 frame early (0.800000 s, where these rows end; this one cannot start "
+         f"earlier): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out with "
+         "episodes=[...]"),
+        (2, 4, [0.25, 1.75], "episode 0's rows run past its part of file-000.mp4: its 4 rows at 2 fps from its "
+         "from_timestamp 0.250000 s end at 1.750000 s, but the next episode of the file starts at 1.750000 s (its "
+         "from_timestamp), so its last row would read that episode's frames. The video holds fewer frames"),
+    ],
+)  # fmt: skip
+def test_the_first_episode_whose_rows_overrun_the_next_is_named(
+    fps: int, length: int, starts: list[float], said: str
+) -> None:
+    """Episodes of 8 rows 7 frames apart (0.7 s at 10 fps): the first two each run a row into the next one's part; the
+    first is named, the others counted, and as it starts the file, the next one's start is named early. Of 4 rows at
+    2 fps from 0.25 s, half a frame after the file's start, a row into the next: it could start a frame earlier, so
+    neither start is named."""
+    reader, _ = _stand_in(starts, [length] * len(starts), [0] * len(starts), [(float(fps), 9.0)], fps=fps)
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM)
+    assert str(info.value).startswith(f"ds: camera '{CAM}': {said}")
+
+
+def test_late_starts_of_several_files_last_episodes_say_the_first_files() -> None:
+    """Two files' last episodes start late: file 0's (a 20 fps file ending at 1.66 s) 1 frame short, where the 2 frames
+    from 0.8 s, where the episode before it ends, to its start at 1.0 s are no episode's; file 1's 3 frames short, 3
+    frames late (1.1 s). The first's start and count are said."""
+    reader, survey = _stand_in([0.0, 1.0, 0.0, 1.1], [8] * 4, [0, 0, 1, 1], [(20.0, 1.66), (10.0, 1.6)], fps=10)
+    assert _timing_refusal(reader, survey) == (
+        f"file-000.mp4 (camera '{CAM}') ends at 1.660000 s (its header: 20 fps), but episode 1, its last, has 8 "
+        f"rows at 10 fps from its from_timestamp 1.000000 s, the last at 1.700000 s; file-001.mp4 (camera '{CAM}') "
+        "ends at 1.600000 s (its header: 10 fps), but episode 3, its last, has 8 rows at 10 fps from its "
+        "from_timestamp 1.100000 s, the last at 1.800000 s: the file is not cut short, its frames from where the "
+        "episode before it ends (its from_timestamp + its length / fps) to this episode's from_timestamp are no "
+        "episode's: the episode's from_timestamp in meta/episodes is most likely 1 frame late (0.900000 s ends its "
+        f"rows at the file's last frame): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode "
+        "out with episodes=[...]"
+    )

@@ -257,15 +257,19 @@ def test_rows_past_the_next_episodes_start_by_meta_episodes_name_the_from_timest
 def test_a_video_of_a_frame_for_each_row_at_another_rate_is_judged_written_at_that_rate_not_cut_short() -> None:
     """A 60 fps file in place of a 30 fps one, of as many frames as its episodes' rows, was judged 'most likely
     truncated' (download it again, which gives the same file). 4 frames at 2 fps end at 2 s; rows at 1 fps stated to
-    end at 4 s have a frame each: the file's rate is named. Stated to end at 5 s, a frame is missing too: cut short."""
+    end at 4 s have a frame each: the file's rate is named; at 4.5 s (half a row further) alike. Stated to end at 5 s,
+    a frame is missing too: cut short."""
     index = _constant_rate_index(4, 2)
-    for stated_s, other_rate in ((4.0, True), (5.0, False)):
+    for stated_s, other_rate in ((4.0, True), (4.5, True), (5.0, False)):
         context = FrameRequestContext(camera="c", rows_fps=1.0, episode_end_s=stated_s)
         with pytest.raises(FrameTimestampError) as info:
             nearest_frame_indices(index, [0.0, 3.0], tolerance_s=1e-4, context=context)
         message = str(info.value)
         assert ("most likely truncated" in message) is not other_rate, (stated_s, message)
-        said = "holds 4 frames, a frame for each row up to that end at info.json's fps (1): its frames are 0.500000 s "
+        said = (
+            "holds 4 frames, a frame for each row up to that end at info.json's fps (1): its frames are 0.500000 s "
+            "apart (2 fps), not 1 / 1 s"
+        )
         assert (said in message and "write it again at 1 fps" in message) is other_rate, (stated_s, message)
 
 
@@ -679,3 +683,74 @@ def test_a_stored_times_rounding_is_half_a_float32_step() -> None:
     rounding_s = frame_lookup._stored_time_rounding_s(np.array([3000.0, 1.5], dtype=np.float32))
     np.testing.assert_array_equal(rounding_s, [2.0**-13, 2.0**-24])
     assert frame_lookup._stored_time_rounding_s(np.array([3000.0])) == 0.0
+
+
+_NEXT_STARTS = "that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp "
+_GENERIC = (
+    "the next in the file (from its from_timestamp on). The episode's data rows run past its video (the video holds "
+    "fewer frames than its rows), or the rows' timestamps or a from_timestamp in meta/episodes are wrong."
+)
+_NOT_SHORT = (
+    ", where the file's frames go on: the video is not short, meta/episodes is: this episode's from_timestamp is "
+)
+
+
+@pytest.mark.parametrize(
+    ("video_fps", "rows_fps", "from_s", "next_from_s", "previous_end_s", "camera", "queries", "said"),
+    [
+        (2, 2, None, 1.5, None, "c", [0.5, 2.0], _GENERIC),
+        (2, 2, 0.25, 2.0, None, "c", [0.5, 2.0], _GENERIC),
+        (2, 2, 0.25, 1.75, None, "c", [0.5, 2.0], f"{_NEXT_STARTS}1.750000 s on). By meta/episodes this episode's 4 "
+         f"rows at 2 fps from its from_timestamp 0.250000 s end at 2.250000 s, 1 frame past that start{_NOT_SHORT}1 "
+         "frame late (-0.250000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
+         "(2.250000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+        (4, 2, 0.2, 2.0, None, "", [0.25, 2.0], f"{_NEXT_STARTS}2.000000 s on). By meta/episodes this episode's 4 "
+         f"rows at 2 fps from its from_timestamp 0.200000 s end at 2.200000 s, 1 frame past that start{_NOT_SHORT}1 "
+         "frame late (0.000000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
+         "(2.200000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
+         "videos/<camera>/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+        (2, 4, 0.0, 1.8, None, "c", [0.5, 2.0], f"{_NEXT_STARTS}1.800000 s on). By meta/episodes this episode's 8 "
+         f"rows at 4 fps from its from_timestamp 0.000000 s end at 2.000000 s, 1 frame past that start{_NOT_SHORT}1 "
+         "frame late (-0.200000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
+         "(2.000000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+        (2, 2, 4.25, 5.25, 3.5, "c", [4.5, 5.5], f"{_NEXT_STARTS}5.250000 s on). By meta/episodes this episode's 4 "
+         f"rows at 2 fps from its from_timestamp 4.250000 s end at 6.250000 s, 2 frames past that start{_NOT_SHORT}2 "
+         "frames late (3.250000 s ends its rows where the next episode starts), or the next episode's 2 frames early "
+         "(6.250000 s), or the episode has 2 rows more than its part of the file holds frames. Correct "
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+        (2, 2, 4.25, 5.25, 3.25, "c", [4.5, 5.5], f"{_NEXT_STARTS}5.250000 s on). By meta/episodes this episode's 4 "
+         f"rows at 2 fps from its from_timestamp 4.250000 s end at 6.250000 s, 2 frames past that start{_NOT_SHORT}"
+         "most likely 2 frames late (3.250000 s ends its rows where the next episode starts: the file's frames from "
+         "where the episode before it ends are no episode's), or the episode has 2 rows more than its part of the "
+         "file holds frames. Correct videos/c/from_timestamp in meta/episodes, or leave the episode out with "
+         "episodes=."),
+    ],
+    ids=["starts-unknown", "ends-half-a-frame-past", "could-start-half-a-frame-before-the-file", "faster-video",
+         "slower-video", "one-frame-unread-before", "two-frames-unread-before"],
+)  # fmt: skip
+def test_rows_past_the_next_start_are_told_which_from_timestamp_is_wrong_only_as_far_as_known(
+    video_fps: int, rows_fps: int, from_s: float | None, next_from_s: float, previous_end_s: float | None,
+    camera: str, queries: list[float], said: str,
+) -> None:  # fmt: skip
+    """Episodes of rows over 2 s (4 at 2 fps) whose last row reads the next episode's frame. Told the generic advice
+    where the episode's from_timestamp is not known, or its rows by meta/episodes end half a frame past the next start
+    (2.25 s where it starts at 2 s: no further); told that meta/episodes is wrong otherwise, naming both starts where
+    this one could start only half a frame before the file's first frame (-0.25 s), or runs less than a row over a
+    faster video (4 fps: 0.2 s, 1 frame), or more than half a row (8 rows at 4 fps: 0.2 s) but less than half a frame
+    over a slower one (2 fps), or 1 frame of the 2 it runs over lies between the episode before it (ending at 3.5 s)
+    and its start at 4.25 s (the frame at 4 s, half a frame before it, is its own); its own start named late where 2
+    do (the episode before it ending at 3.25 s: the frame at 3 s, half a frame before that end, is no episode's
+    either). A context without a camera says <camera>."""
+    index = _constant_rate_index(24, video_fps)
+    context = FrameRequestContext(
+        camera=camera, rows_fps=float(rows_fps) if from_s is not None else None, from_timestamp_s=from_s,
+        episode_end_s=None if from_s is None else from_s + 2.0,
+        previous_end_s=None if previous_end_s is None else lambda: previous_end_s,
+    )  # fmt: skip
+    with pytest.raises(FrameTimestampError) as info:
+        nearest_frame_indices(
+            index, queries, tolerance_s=1e-4, context=context, episode_span_s=(from_s or 0.0, next_from_s)
+        )
+    assert str(info.value).endswith(said), str(info.value)

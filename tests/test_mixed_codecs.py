@@ -16,7 +16,7 @@ import av
 import numpy as np
 import pytest
 
-from lerobot_dali import DALILeRobotIterator, camera_plan, concat_datasets, open_dataset
+from lerobot_dali import DALILeRobotIterator, camera_codecs, camera_plan, concat_datasets, open_dataset
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.camera_plan import CameraPlanner
 from lerobot_dali.dataset_check import check_dataset
@@ -101,6 +101,67 @@ def test_a_worker_decoded_camera_whose_files_mix_codecs_reads_each_file_as_pyav_
     assert first.admits(SimpleNamespace(codec="av1", height=64, width=96))
     with pytest.raises(SchemaMismatchError, match=r"big\.mp4 .*is av1 96x96 \(HxW\), .*share one size"):
         first.check(SimpleNamespace(codec="av1", height=96, width=96), path="big.mp4", episode=4, camera=CAM)
+
+
+_PAST = "video files, more than 2: only its first file's format is read when the iterator is built"
+
+
+@pytest.mark.parametrize(
+    ("kind", "bound", "surveyed", "said"),
+    [
+        ("local", 3, [0, 2, 4], None), ("local", 2, [0], f"has 3 {_PAST}"),
+        ("remote", 3, [0, 2, 4], None), ("remote", 2, [0], f"has 3 {_PAST}"),
+        ("union", 2, [0, 2], f"has 3 remote {_PAST}"),
+    ],
+)  # fmt: skip
+def test_a_cameras_files_up_to_their_bound_are_each_surveyed(
+    make_ds, monkeypatch, caplog, kind: str, bound: int, surveyed: list[int], said: str | None
+) -> None:
+    """3 files, whose first episodes are 0, 2 and 4: a bound of 3 files (local, or remote) surveys each; of 2, the
+    first episode's alone, and says so. A union of a local dataset of 1 file (episodes 0-1) and that remote one
+    surveys its local file and the remote dataset's first episode, saying which files were past their bound."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setattr(camera_codecs, "CHECKED_FILES" if kind == "local" else "CHECKED_FILES_REMOTE", bound)
+    root = make_ds(**SPEC, codec="h264")
+    if kind == "local":
+        reader = open_dataset(root)
+    else:
+        reader = open_dataset("fakeremote://", storage_options={"root": str(root)})
+    if kind == "union":
+        reader = concat_datasets([open_dataset(make_ds(**{**SPEC, "episodes": 2}, codec="h264")), reader])
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"):
+        assert camera_codecs.surveyed_positions(reader, CAM) == surveyed
+    assert (said in caplog.text) if said else ("more than" not in caplog.text), caplog.text
+
+
+def test_a_remote_cameras_files_are_surveyed_by_their_headers_where_no_index_store_is_given(make_ds, monkeypatch):
+    """Without a packet index store (`lerobot-dali info`'s survey), a remote dataset's files are read by their
+    headers, not each indexed whole."""
+    from tests import fake_remote  # noqa: F401  (registers the fakeremote:// protocol)
+
+    monkeypatch.setattr(camera_codecs, "load_episode_packet_index", lambda *a, **k: pytest.fail("a file indexed"))
+    reader = open_dataset("fakeremote://", storage_options={"root": str(make_ds(**SPEC, codec="h264"))})
+    formats = camera_codecs.survey_camera(reader, CAM, [0, 2, 4]).formats.values()
+    assert [(f.codec, f.height, f.width, f.rate) for f in formats] == [("h264", 64, 96, 10.0)] * 3
+
+
+@pytest.mark.parametrize("odd", [5, 6])
+def test_files_of_another_size_are_named_five_and_the_others_counted(odd: int) -> None:
+    """A camera's first file 64x96 and ``odd`` files 64x128 after it (by their headers): five are named, a sixth is
+    counted."""
+    paths = [f"file-{k:03d}.mp4" for k in range(odd + 1)]
+    formats = {path: camera_codecs.FileFormat("h264", 64, 128 if k else 96, "yuv420p", (2, False))
+               for k, path in enumerate(paths)}  # fmt: skip
+    survey = camera_codecs.CameraSurvey(CAM, formats, {path: 2 * k for k, path in enumerate(paths)})
+    named = "; ".join(f"{paths[k]} (episode {2 * k}, camera '{CAM}') is h264 64x128 (HxW)" for k in range(1, 6))
+    more = " (and 1 more files)" if odd == 6 else ""
+    with pytest.raises(SchemaMismatchError) as info:
+        survey.check_sizes()
+    assert str(info.value) == (
+        f"{named}{more}, but the camera's first file (file-000.mp4) is h264 64x96 (HxW); a camera's videos must share "
+        "one size (a batch is one tensor): re-encode these files at 64x96"
+    )
 
 
 @pytest.mark.parametrize(
@@ -341,7 +402,8 @@ def test_mixed_codecs_are_warned_of_where_a_dali_decoder_is_passed_over_and_refu
 
 def test_info_says_a_camera_of_few_files_mixes_codecs(make_ds, copy_ds, capsys) -> None:
     """`lerobot-dali info` probed the first file alone: a camera whose file-001 is AV1 among H.264 files read
-    "codec h264" like a uniform one, though NVDEC and DALI's CPU decoder refuse it."""
+    "codec h264" like a uniform one, though NVDEC and DALI's CPU decoder refuse it. Where a file does not open, the
+    codecs go unsaid (not those of the files that open)."""
     from lerobot_dali.cli import main
 
     root = _mixed(make_ds, copy_ds, "h264", "av1")
@@ -353,6 +415,9 @@ def test_info_says_a_camera_of_few_files_mixes_codecs(make_ds, copy_ds, capsys) 
     assert f"camera {CAM}: codec h264 64x96 (HxW)" in out and "files mix codecs: h264 2 files, av1 1 file" in out
     assert main(["info", str(make_ds(**SPEC, codec="h264")), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["cameras"][CAM]["file_codecs"] == {"h264": 3}
+    (root / CUT.replace("file-001", "file-002")).unlink()  # (a file that does not open: the codecs go unsaid)
+    assert main(["info", str(root), "--json"]) == 0
+    assert "file_codecs" not in json.loads(capsys.readouterr().out)["cameras"][CAM]
 
 
 @pytest.mark.parametrize("codec", ["vp9", "av1"], ids=["dali-decoded", "worker-decoded"])
