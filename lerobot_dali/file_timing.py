@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import FrameTimestampError
+from .wording import counted
 
 if TYPE_CHECKING:
     from .camera_codecs import CameraSurvey, FileFormat
@@ -122,7 +123,7 @@ def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_ta
     more = f" ({int(over.sum())} episodes in all)" if over.sum() > 1 else ""
     raise FrameTimestampError(
         f"{reader.source_of(pos)}: camera {camera!r}: episode {episode}'s rows run past its part of "
-        f"{reader.video(pos, camera).path}{more}: its {length} rows at {fps:g} fps from its from_timestamp "
+        f"{reader.video(pos, camera).path}{more}: its {counted(length, 'row')} at {fps:g} fps from its from_timestamp "
         f"{start:.6f} s{_last_row_said(unread_tail, float(last_s[pos]), ' end at')}, but the next episode of the "
         f"file starts at {end:.6f} s (its from_timestamp), so its last {'row' if past == 1 else f'{past} rows'}"
         f"{' read' if unread_tail else ''} would read that episode's frames. "
@@ -137,7 +138,7 @@ def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int,
     start earlier (the file's start); else either, or its length."""
     fps = reader.fps
     start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
-    rows = f"{over} frames" if over > 1 else "1 frame"
+    rows = counted(over, "frame")
     if _unread_before(reader, camera, pos) >= over:
         return (
             f"Its from_timestamp in meta/episodes is most likely {rows} late ({start - over / fps:.6f} s ends its rows "
@@ -211,7 +212,7 @@ def _end_refusal(
         length = int(reader.episodes.length[pos])
         named.append(
             f"{path} (camera {camera!r}) ends at {f.end_s:.6f} s (its header{_at_rate(f)}), but episode {episode}, its "
-            f"last, has {length} rows at {fps:g} fps from its from_timestamp {start:.6f} s"
+            f"last, has {counted(length, 'row')} at {fps:g} fps from its from_timestamp {start:.6f} s"
             f"{_last_row_said(unread_tail, last_row_s, ', the last at')}"
         )
     more = f" (and {len(short) - _NAMED} more files)" if len(short) > _NAMED else ""
@@ -223,7 +224,7 @@ def _end_refusal(
         return (
             f"{'; '.join(named)}{more}: the file is not cut short, its frames from where the episode before it ends "
             f"(its from_timestamp + its length / fps) to this episode's from_timestamp are no episode's: the "
-            f"episode's from_timestamp in meta/episodes is most likely {missing[0]} frame{'s' * (missing[0] != 1)} "
+            f"episode's from_timestamp in meta/episodes is most likely {counted(missing[0], 'frame')} "
             f"late ({start - missing[0] / fps:.6f} s ends its rows at the file's last frame): "
             f"{_CORRECT.format(camera=camera)}"
         )

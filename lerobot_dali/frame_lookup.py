@@ -23,6 +23,7 @@ from .errors import DataFileError, FrameRequestError, FrameTimestampError
 from .file_timing import FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE, holds_a_frame_per_row
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
+from .wording import counted
 
 if TYPE_CHECKING:
     from .dataset_reader import LeRobotDatasetReader, VideoRef
@@ -432,10 +433,6 @@ def _rows_by_metadata(context: FrameRequestContext | None) -> tuple[float, float
     return from_s, end_s, round((end_s - from_s) * fps), fps
 
 
-def _counted(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
-
-
 def _start_to_correct(context: FrameRequestContext | None) -> str:
     camera = context.camera if context is not None and context.camera else "<camera>"
     return f"correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=."
@@ -453,7 +450,7 @@ def _late_past_next(index: PacketIndex, context: FrameRequestContext | None, nex
     if not end_s > next_from_s + 0.5 * min(index.frame_interval_s, 1 / fps):
         return ""  # (the rows' own timestamps run past: the generic advice)
     over = max(round((end_s - next_from_s) * fps), 1)
-    frames = _counted(over, "frame")
+    frames = counted(over, "frame")
     start_s = next_from_s - length / fps  # (where this episode would start to end where the next starts)
     if start_s < float(index.shown_pts_s[0]) - 0.5 * index.frame_interval_s:  # (before the file's first frame)
         cause = f"the next episode's from_timestamp is most likely {frames} early ({end_s:.6f} s, where these rows end)"
@@ -469,9 +466,9 @@ def _late_past_next(index: PacketIndex, context: FrameRequestContext | None, nex
         )
     return (
         f"that frame belongs to a neighbouring episode, the next in the file (from its from_timestamp "
-        f"{next_from_s:.6f} s on). By meta/episodes this episode's {length} rows at {fps:g} fps from its "
+        f"{next_from_s:.6f} s on). By meta/episodes this episode's {counted(length, 'row')} at {fps:g} fps from its "
         f"from_timestamp {from_s:.6f} s end at {end_s:.6f} s, {frames} past that start, where the file's frames go "
-        f"on: the video is not short, meta/episodes is: {cause}, or the episode has {_counted(over, 'row')} more "
+        f"on: the video is not short, meta/episodes is: {cause}, or the episode has {counted(over, 'row')} more "
         f"than its part of the file holds frames. C{_start_to_correct(context)[1:]}"
     )
 
@@ -502,14 +499,15 @@ def _late_before_end(index: PacketIndex, context: FrameRequestContext | None, mi
     if unread < missing:
         return ""
     frames_end_s = float(index.shown_pts_s[-1]) + index.frame_interval_s
-    frames = _counted(missing, "frame")
+    frames = counted(missing, "frame")
     return (
         f"The video's frames end at {frames_end_s:.6f} s, before the episode's end at {end_s:.6f} s by meta/episodes "
-        f"({length} rows at {fps:g} fps from its from_timestamp {from_s:.6f} s), {frames} short, but the file is not "
-        f"cut short: its {_counted(unread, 'frame')} from {previous_end_s:.6f} s, where the episode before it in the "
-        "file ends (its from_timestamp + its length / fps), to this episode's from_timestamp are no episode's. The "
-        f"episode's from_timestamp in meta/episodes is most likely {frames} late ({frames_end_s - length / fps:.6f} s "
-        f"ends its rows at the file's last frame), or the episode has {_counted(missing, 'row')} more than the file "
+        f"({counted(length, 'row')} at {fps:g} fps from its from_timestamp {from_s:.6f} s), {frames} short, but the "
+        f"file is not cut short: its {counted(unread, 'frame')} from {previous_end_s:.6f} s, where the episode before "
+        "it in the file ends (its from_timestamp + its length / fps), to this episode's from_timestamp are no "
+        f"episode's. The episode's from_timestamp in meta/episodes is most likely {frames} late "
+        f"({frames_end_s - length / fps:.6f} s ends its rows at the file's last frame), or the episode has "
+        f"{counted(missing, 'row')} more than the file "
         f"holds frames: {_start_to_correct(context)}"
     )
 
@@ -524,7 +522,7 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
     if stated_s is None or not frames_end_s < stated_s - 0.5 * index.frame_interval_s:
         return ""
     missing = round((stated_s - frames_end_s) / index.frame_interval_s)
-    frames = "1 frame" if missing == 1 else f"{missing} frames"
+    frames = counted(missing, "frame")
     rows_fps, count = context.rows_fps if context is not None else None, int(index.shown_pts_s.size)
     if rows_fps and holds_a_frame_per_row(count, stated_s, rows_fps):
         # (as many frames as rows up to the episode's end, but closer together: a whole file written at another rate)

@@ -275,7 +275,7 @@ def test_a_refusal_names_five_files_and_counts_the_others(count: int, header, sa
 @pytest.mark.parametrize(
     ("start", "length", "unread_tail", "said"),
     [
-        (0.9, 1, 0, "has 1 rows at 10 fps from its from_timestamp 0.900000 s, the last at 0.900000 s: the file lost"),
+        (0.9, 1, 0, "has 1 row at 10 fps from its from_timestamp 0.900000 s, the last at 0.900000 s: the file lost"),
         (1.1, 3, 2, "has 3 rows at 10 fps from its from_timestamp 1.100000 s, the last a sample reads at 1.100000 s "
                     "(its last 2 lie past every window: drop_n_last_frames): the file lost"),
         (1.1, 2, 2, None),
