@@ -41,6 +41,7 @@ from .random_access import HEAD_BYTES, NalLayout, is_random_access, nal_layout
 from .remote_errors import is_transient
 from .said_once import warn_once
 from .video_source import VideoSource, open_video_source, source_label
+from .wording import counted
 
 __all__ = ["PacketIndex", "build_packet_index", "changed_since_listed", "check_stored_index", "no_decoder_error"]
 
@@ -181,9 +182,9 @@ class PacketIndex:
         shown = range(int(frames[0]), int(frames[-1]) + 1)
         if len(frames) != len(shown):
             raise VideoDecodeError(
-                f"{self.source_name}: its edit list hides {len(shown) - len(frames)} frames among those it shows "
-                "(an edit list of several pieces): lerobot-dali reads edit lists that hide frames before or after "
-                "those shown only. Write the video again with the frames it shows, e.g. re-encode it with FFmpeg "
+                f"{self.source_name}: its edit list hides {counted(len(shown) - len(frames), 'frame')} among those "
+                "it shows (an edit list of several pieces): lerobot-dali reads edit lists that hide frames before or "
+                "after those shown only. Write the video again with the frames it shows, e.g. re-encode it with FFmpeg "
                 "(ffmpeg -i in.mp4 -c:v libx264 out.mp4)."
             )
         return shown

@@ -208,7 +208,7 @@ def test_display_order_keyframes_and_shown_frames_by_hand() -> None:
     assert trimmed.shown_pts_s.tolist() == pytest.approx([512 * k / 15360 for k in range(1, 9)])
     with pytest.raises(VideoDecodeError, match="hides every one of its 10 frames"):
         _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=list(range(10)))
-    with pytest.raises(VideoDecodeError, match="hides 1 frames among those it shows"):
+    with pytest.raises(VideoDecodeError, match="hides 1 frame among those it shows"):
         _gop_index([0, 3, 1, 2, 4, 7, 5, 6, 8, 12], keyframes=[0, 4, 8], hidden=[0, 4])
 
 
