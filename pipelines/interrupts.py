@@ -23,7 +23,7 @@ from typing import NoReturn
 #: ``preemption.py``, which imports torch: :func:`run_main` ignores them once the script's status is known.)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
-__all__ = ["LOG_LEVEL_ENV", "Interrupted", "configure_logging", "run_main", "said"]
+__all__ = ["LOG_LEVEL_ENV", "Interrupted", "configure_logging", "ignore_preemption_signals", "run_main", "said"]
 
 
 #: The scripts' log level, where not INFO: ``DEBUG`` adds what one-line errors leave out (a data error's traceback and
@@ -122,9 +122,15 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     # cores, 2.6 s of it past the exit callbacks) killed a run that had trained, saved and closed (status 143, nothing
     # said: a job's time limit as it ended read as a job killed; a preempted run's 75 likewise). Ignored, not handled:
     # Python's finalisation sets a signal handled in Python back to the default, one ignored stays ignored.
+    ignore_preemption_signals()
+    sys.exit(status)
+
+
+def ignore_preemption_signals() -> None:
+    """From here on a preemption signal changes nothing (the run's status is known): ignored, not handled, so that
+    Python's finalisation, which sets a signal handled in Python back to the default, leaves it so."""
     for signum in PREEMPTION_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
-    sys.exit(status)
 
 
 def _exit_now(status: int, signum: int, frame: object) -> None:

@@ -43,7 +43,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -89,9 +88,9 @@ from pipelines.checkpoints import (
     latest_saved_step,
     resume_latest,
 )
-from pipelines.interrupts import LOG_LEVEL_ENV, Interrupted, configure_logging, said
+from pipelines.interrupts import LOG_LEVEL_ENV, Interrupted, configure_logging, ignore_preemption_signals, said
 from pipelines.policy import ACTION_KEY, STATE_KEY, ChunkPolicy, FeatureStats, PolicyConfig
-from pipelines.preemption import PREEMPTION_SIGNALS, Preempted
+from pipelines.preemption import Preempted
 from pipelines.progress import SKIPPED_IN_A_ROW, RunRecord
 from pipelines.run_errors import DATA_ERRORS, RunRefused, SetupError, peer_ended, setting_up
 from pipelines.training_loop import run_steps
@@ -1006,7 +1005,7 @@ def exit_status(
     except Preempted as e:  # (logged where it stopped)
         # Saved and closed: a signal now could only change the exit status (torchrun sends SIGTERM to the ranks left
         # once one has exited, which Python's shutdown, restoring the default handlers, would die of).
-        _ignore_preemption_signals()
+        ignore_preemption_signals()
         return e.exit_status
     except DATA_ERRORS as e:  # a batch's data: the message names it all (it chained the same text 2-4 times)
         log.error("%s: %s: %s (its traceback: %s=DEBUG)", program, type(e).__name__, e, LOG_LEVEL_ENV)
@@ -1016,7 +1015,7 @@ def exit_status(
         gloo_said = peer_ended(e)
         if gloo_said is None:  # (this rank's own error: its traceback, whole)
             raise
-        _ignore_preemption_signals()  # (torchrun's SIGTERM to the ranks left: the status stays this one)
+        ignore_preemption_signals()  # (torchrun's SIGTERM to the ranks left: the status stays this one)
         log.error(
             "%s: another rank's process ended, and this rank's collective with it failed (gloo: %s): the error is "
             "that rank's, said above in its own lines (torchrun's summary names its exit code); this rank stops "
@@ -1026,11 +1025,6 @@ def exit_status(
         log.debug("%s: this rank's traceback", program, exc_info=e)
         return 1
     return 0
-
-
-def _ignore_preemption_signals() -> None:
-    for signum in PREEMPTION_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
