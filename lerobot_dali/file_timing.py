@@ -187,7 +187,7 @@ def _rate_refusal(survey: CameraSurvey, odd: list[tuple[str, FileFormat]], fps: 
     files = "; ".join(
         f"{path} (episode {survey.episodes[path]}, {camera}) is written at {f.rate:.4g} fps" for path, f in odd[:_NAMED]
     )
-    more = f" (and {len(odd) - _NAMED} more files)" if len(odd) > _NAMED else ""
+    more = f" (and {counted(len(odd) - _NAMED, 'more file')})" if len(odd) > _NAMED else ""
     fewer = any(f.rate is not None and f.rate < FEWER_FRAMES * fps for _, f in odd)
     why = "it has fewer frames than its rows" if fewer else "its frames drift off the rows' times"
     it, its = ("it", "its") if len(odd) == 1 else ("each", "their")
@@ -215,7 +215,7 @@ def _end_refusal(
             f"last, has {counted(length, 'row')} at {fps:g} fps from its from_timestamp {start:.6f} s"
             f"{_last_row_said(unread_tail, last_row_s, ', the last at')}"
         )
-    more = f" (and {len(short) - _NAMED} more files)" if len(short) > _NAMED else ""
+    more = f" (and {counted(len(short) - _NAMED, 'more file')})" if len(short) > _NAMED else ""
     missing = [round((last_row_s + 1 / fps - (f.end_s or 0.0)) * fps) for _, _, f, last_row_s in short]
     if all(_unread_before(reader, camera, pos) >= n for (_, pos, _, _), n in zip(short, missing, strict=True)):
         # (the file holds as many frames no episode reads right before the episode: its start is late, not the file

@@ -268,7 +268,7 @@ def test_a_refusal_names_five_files_and_counts_the_others(count: int, header, sa
     ending at 0.5 s, 2 frames before the last row at 0.7 s. Five are named; a sixth is counted."""
     reader, survey = _stand_in([0.0] * count, [8] * count, list(range(count)), [header] * count, fps=10)
     named = "; ".join(said.format(path=f"file-{k:03d}.mp4", k=k) for k in range(5))
-    more = " (and 1 more files)" if count == 6 else ""
+    more = " (and 1 more file)" if count == 6 else ""
     assert _timing_refusal(reader, survey).startswith(f"{named}{more}{after}")
 
 

@@ -155,7 +155,7 @@ def test_files_of_another_size_are_named_five_and_the_others_counted(odd: int) -
                for k, path in enumerate(paths)}  # fmt: skip
     survey = camera_codecs.CameraSurvey(CAM, formats, {path: 2 * k for k, path in enumerate(paths)})
     named = "; ".join(f"{paths[k]} (episode {2 * k}, camera '{CAM}') is h264 64x128 (HxW)" for k in range(1, 6))
-    more = " (and 1 more files)" if odd == 6 else ""
+    more = " (and 1 more file)" if odd == 6 else ""
     with pytest.raises(SchemaMismatchError) as info:
         survey.check_sizes()
     assert str(info.value) == (
