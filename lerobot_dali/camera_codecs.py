@@ -52,7 +52,7 @@ from .packet_index_cache import load_episode_packet_index
 from .remote_errors import is_transient
 from .said_once import say_once
 from .video_source import open_video_source
-from .wording import counted
+from .wording import first_named
 from .yuv_frames import codec_color, ships_half_chroma, stream_color
 
 if TYPE_CHECKING:
@@ -239,13 +239,16 @@ class CameraSurvey:
         odd = [(path, f) for path, f in self.formats.items() if (f.height, f.width) != size]
         if odd:
             camera = f"camera {self.camera!r}"
-            files = "; ".join(
-                f"{path} (episode {self.episodes[path]}, {camera}) is {f.codec} {f.height}x{f.width} (HxW)"
-                for path, f in odd[:5]
+            files = first_named(
+                (
+                    f"{path} (episode {self.episodes[path]}, {camera}) is {f.codec} {f.height}x{f.width} (HxW)"
+                    for path, f in odd
+                ),
+                len(odd),
+                "file",
             )
-            more = f" (and {counted(len(odd) - 5, 'more file')})" if len(odd) > 5 else ""
             raise SchemaMismatchError(
-                f"{files}{more}, but {said}; a camera's videos must share one size (a batch is one tensor): re-encode "
+                f"{files}, but {said}; a camera's videos must share one size (a batch is one tensor): re-encode "
                 f"these files at {size[0]}x{size[1]}"
             )
 

@@ -12,12 +12,13 @@ info.json's fps, which the first episode's rows' timestamps were held to before 
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import FrameTimestampError
-from .wording import counted
+from .wording import counted, first_named
 
 if TYPE_CHECKING:
     from .camera_codecs import CameraSurvey, FileFormat
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .frame_lookup import TimestampSource
 
 __all__ = [
+    "CORRECT_START",
     "FEWER_FRAMES",
     "MORE_FRAMES",
     "RATE_SLACK",
@@ -48,10 +50,8 @@ RATE_SLACK = 0.01
 
 #: How the advice says to write a file again at the rows' rate (here and in the lookup's, :mod:`.frame_lookup`).
 REWRITE_AT_RATE = "e.g. ffmpeg -i <video> -vf 'setpts=N/({fps:g}*TB)' -r {fps:g} <new video>"
-#: How the advice says to correct a from_timestamp.
-_CORRECT = "correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
-#: Files a refusal names; it counts the others.
-_NAMED = 5
+#: How the advice says to correct a from_timestamp (here and in the lookup's).
+CORRECT_START = "correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
 
 
 def check_file_timing(
@@ -143,12 +143,12 @@ def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int,
         return (
             f"Its from_timestamp in meta/episodes is most likely {rows} late ({start - over / fps:.6f} s ends its rows "
             f"where the next episode starts; the file's frames from where the episode before it ends are no "
-            f"episode's): {_CORRECT.format(camera=camera)}"
+            f"episode's): {CORRECT_START.format(camera=camera)}"
         )
     if start - over / fps < -0.5 / fps:
         return (
             f"The next episode's from_timestamp in meta/episodes is most likely {rows} early ({end_s:.6f} s, where "
-            f"these rows end; this one cannot start earlier): {_CORRECT.format(camera=camera)}"
+            f"these rows end; this one cannot start earlier): {CORRECT_START.format(camera=camera)}"
         )
     return (
         "The video holds fewer frames for the episode than it has rows (a frame dropped as it was recorded: LeRobot's "
@@ -184,15 +184,16 @@ def _rate_meets_rows(rate: float, fps: float) -> bool:
 
 def _rate_refusal(survey: CameraSurvey, odd: list[tuple[str, FileFormat]], fps: float) -> str:
     camera = f"camera {survey.camera!r}"
-    files = "; ".join(
-        f"{path} (episode {survey.episodes[path]}, {camera}) is written at {f.rate:.4g} fps" for path, f in odd[:_NAMED]
+    files = first_named(
+        (f"{path} (episode {survey.episodes[path]}, {camera}) is written at {f.rate:.4g} fps" for path, f in odd),
+        len(odd),
+        "file",
     )
-    more = f" (and {counted(len(odd) - _NAMED, 'more file')})" if len(odd) > _NAMED else ""
     fewer = any(f.rate is not None and f.rate < FEWER_FRAMES * fps for _, f in odd)
     why = "it has fewer frames than its rows" if fewer else "its frames drift off the rows' times"
     it, its = ("it", "its") if len(odd) == 1 else ("each", "their")
     return (
-        f"{files}{more} (its header), but the rows are at info.json's fps, {fps:g}: {why}, and rows would miss their "
+        f"{files} (its header), but the rows are at info.json's fps, {fps:g}: {why}, and rows would miss their "
         f"frames when a batch reaches them. Write {it} again at {fps:g} fps, frame k at k / {fps:g} s "
         f"({REWRITE_AT_RATE.format(fps=fps)}), or leave {its} episodes out with episodes=[...]"
     )
@@ -205,38 +206,39 @@ def _end_refusal(
     fps: float,
     unread_tail: int,
 ) -> str:
-    named = []
-    for path, pos, f, last_row_s in short[:_NAMED]:
+
+    def name(path: str, pos: int, f: FileFormat, last_row_s: float) -> str:
         episode = int(reader.episodes.episode_index[pos])
         start = float(reader.episodes.cameras[camera].from_timestamp_s[pos])
         length = int(reader.episodes.length[pos])
-        named.append(
+        return (
             f"{path} (camera {camera!r}) ends at {f.end_s:.6f} s (its header{_at_rate(f)}), but episode {episode}, its "
             f"last, has {counted(length, 'row')} at {fps:g} fps from its from_timestamp {start:.6f} s"
             f"{_last_row_said(unread_tail, last_row_s, ', the last at')}"
         )
-    more = f" (and {counted(len(short) - _NAMED, 'more file')})" if len(short) > _NAMED else ""
+
+    named = first_named(itertools.starmap(name, short), len(short), "file")
     missing = [round((last_row_s + 1 / fps - (f.end_s or 0.0)) * fps) for _, _, f, last_row_s in short]
     if all(_unread_before(reader, camera, pos) >= n for (_, pos, _, _), n in zip(short, missing, strict=True)):
         # (the file holds as many frames no episode reads right before the episode: its start is late, not the file
         # short)
         start = float(reader.episodes.cameras[camera].from_timestamp_s[short[0][1]])
         return (
-            f"{'; '.join(named)}{more}: the file is not cut short, its frames from where the episode before it ends "
+            f"{named}: the file is not cut short, its frames from where the episode before it ends "
             f"(its from_timestamp + its length / fps) to this episode's from_timestamp are no episode's: the "
             f"episode's from_timestamp in meta/episodes is most likely {counted(missing[0], 'frame')} "
             f"late ({start - missing[0] / fps:.6f} s ends its rows at the file's last frame): "
-            f"{_CORRECT.format(camera=camera)}"
+            f"{CORRECT_START.format(camera=camera)}"
         )
     if all(_as_many_frames_as_rows(f, last_row_s, fps) for _, _, f, last_row_s in short):
         # (a frame for each row up to the episode's end, but closer together: a whole file written at another rate)
         return (
-            f"{'; '.join(named)}{more}: it holds a frame for each row up to that end, closer together than 1 / "
+            f"{named}: it holds a frame for each row up to that end, closer together than 1 / "
             f"{fps:g} s: written at another frame rate than its rows'. Write it again at {fps:g} fps, frame k at k / "
             f"{fps:g} s ({REWRITE_AT_RATE.format(fps=fps)}), or leave its episodes out with episodes=[...]"
         )
     return (
-        f"{'; '.join(named)}{more}: the file lost its last frames (a partial download or copy: download or copy it "
+        f"{named}: the file lost its last frames (a partial download or copy: download or copy it "
         "again; one cut short when recorded: re-encode the episode from its frames), or the episode's length or "
         "from_timestamp in meta/episodes is wrong (regenerate the episode metadata); or leave the episode out with "
         "episodes=[...]"

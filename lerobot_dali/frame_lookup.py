@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import DataFileError, FrameRequestError, FrameTimestampError
-from .file_timing import FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE, holds_a_frame_per_row
+from .file_timing import CORRECT_START, FEWER_FRAMES, MORE_FRAMES, REWRITE_AT_RATE, holds_a_frame_per_row
 from .packet_index import PacketIndex
 from .value_checks import check_choice, check_seconds
 from .wording import counted
@@ -307,7 +307,7 @@ def _raise_out_of_tolerance(
             "reference for the frames shown and never shows it, nor does any other decoder (LeRobot's neither). The "
             "video was most likely cut from a longer recording without re-encoding, and the episode's rows are the "
             "recording's: check the episode's from_timestamp in meta/episodes, or leave the episode out with "
-            "episodes=."
+            "episodes=[...]."
         )
     elif queries[worst] < frame_s[0]:  # (a higher tolerance_s would read the first frames for the wrong rows)
         advice = (
@@ -435,7 +435,7 @@ def _rows_by_metadata(context: FrameRequestContext | None) -> tuple[float, float
 
 def _start_to_correct(context: FrameRequestContext | None) -> str:
     camera = context.camera if context is not None and context.camera else "<camera>"
-    return f"correct videos/{camera}/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+    return f"{CORRECT_START.format(camera=camera)}."
 
 
 def _late_past_next(index: PacketIndex, context: FrameRequestContext | None, next_from_s: float | None) -> str:
@@ -541,7 +541,7 @@ def _cut_short(index: PacketIndex, context: FrameRequestContext | None) -> str:
         f"meta/episodes (about {frames} missing): the video file is most likely truncated (a partial "
         "download or copy). Download or copy it again from the dataset's source; if it is whole (as large as the "
         "source's), the video holds fewer frames than the episode has rows: re-encode it, or leave the episode out "
-        "with episodes=."
+        "with episodes=[...]."
     )
 
 

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["counted", "plural"]
+import itertools
+from collections.abc import Iterable
+
+__all__ = ["NAMED", "counted", "first_named", "plural"]
+
+#: How many items a message names before it only counts the others ("(and 3 more files)").
+NAMED = 5
 
 
 def plural(unit: str) -> str:
@@ -14,3 +20,10 @@ def plural(unit: str) -> str:
 def counted(count: int, unit: str) -> str:
     """``count`` and ``unit``, in the plural but for 1: ``1 episode``, ``0 rows``, ``12 video files``."""
     return f"{count} {unit if count == 1 else plural(unit)}"
+
+
+def first_named(names: Iterable[str], count: int, unit: str) -> str:
+    """The first :data:`NAMED` of ``names`` (of ``count`` in all; only those are taken) joined by ``"; "``, and how
+    many more (``" (and 3 more files)"``): a refusal of thousands of files stays readable, and says how many."""
+    said = "; ".join(itertools.islice(names, NAMED))
+    return said + (f" (and {counted(count - NAMED, f'more {unit}')})" if count > NAMED else "")

@@ -257,7 +257,7 @@ def test_a_files_last_episode_starting_two_frames_late_is_told_so_not_that_the_v
         "/ fps), to this episode's from_timestamp are no episode's. The episode's from_timestamp in meta/episodes is "
         "most likely 2 frames late (2.000000 s ends its rows at the file's last frame), or the episode has 2 rows more "
         f"than the file holds frames: correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out "
-        "with episodes=."
+        "with episodes=[...]."
     ), report.problems[0].message
 
 

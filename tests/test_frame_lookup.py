@@ -210,7 +210,8 @@ def test_a_late_from_timestamp_of_a_files_last_episode_is_told_from_a_file_cut_s
         "2.000000 s, where the episode before it in the file ends (its from_timestamp + its length / fps), to this "
         "episode's from_timestamp are no episode's. The episode's from_timestamp in meta/episodes is most likely 2 "
         "frames late (2.000000 s ends its rows at the file's last frame), or the episode has 2 rows more than the "
-        "file holds frames: correct videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+        "file holds frames: correct videos/c/from_timestamp in meta/episodes, or leave the episode out with "
+        "episodes=[...]."
     )
     assert message.endswith(said) is late, message
 
@@ -250,7 +251,7 @@ def test_rows_past_the_next_episodes_start_by_meta_episodes_name_the_from_timest
         f"{next_from_s:.6f} s on). By meta/episodes this episode's 4 rows at 2 fps from its from_timestamp "
         f"{from_s:.6f} s end at {from_s + 2.0:.6f} s, 1 frame past that start, where the file's frames go on: the "
         f"video is not short, meta/episodes is: {cause}, or the episode has 1 row more than its part of the file "
-        "holds frames. Correct videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."
+        "holds frames. Correct videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]."
     ), str(info.value)
 
 
@@ -704,28 +705,28 @@ _NOT_SHORT = (
          f"rows at 2 fps from its from_timestamp 0.250000 s end at 2.250000 s, 1 frame past that start{_NOT_SHORT}1 "
          "frame late (-0.250000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
          "(2.250000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
-         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]."),
         (4, 2, 0.2, 2.0, None, "", [0.25, 2.0], f"{_NEXT_STARTS}2.000000 s on). By meta/episodes this episode's 4 "
          f"rows at 2 fps from its from_timestamp 0.200000 s end at 2.200000 s, 1 frame past that start{_NOT_SHORT}1 "
          "frame late (0.000000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
          "(2.200000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
-         "videos/<camera>/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+         "videos/<camera>/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]."),
         (2, 4, 0.0, 1.8, None, "c", [0.5, 2.0], f"{_NEXT_STARTS}1.800000 s on). By meta/episodes this episode's 8 "
          f"rows at 4 fps from its from_timestamp 0.000000 s end at 2.000000 s, 1 frame past that start{_NOT_SHORT}1 "
          "frame late (-0.200000 s ends its rows where the next episode starts), or the next episode's 1 frame early "
          "(2.000000 s), or the episode has 1 row more than its part of the file holds frames. Correct "
-         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]."),
         (2, 2, 4.25, 5.25, 3.5, "c", [4.5, 5.5], f"{_NEXT_STARTS}5.250000 s on). By meta/episodes this episode's 4 "
          f"rows at 2 fps from its from_timestamp 4.250000 s end at 6.250000 s, 2 frames past that start{_NOT_SHORT}2 "
          "frames late (3.250000 s ends its rows where the next episode starts), or the next episode's 2 frames early "
          "(6.250000 s), or the episode has 2 rows more than its part of the file holds frames. Correct "
-         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=."),
+         "videos/c/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]."),
         (2, 2, 4.25, 5.25, 3.25, "c", [4.5, 5.5], f"{_NEXT_STARTS}5.250000 s on). By meta/episodes this episode's 4 "
          f"rows at 2 fps from its from_timestamp 4.250000 s end at 6.250000 s, 2 frames past that start{_NOT_SHORT}"
          "most likely 2 frames late (3.250000 s ends its rows where the next episode starts: the file's frames from "
          "where the episode before it ends are no episode's), or the episode has 2 rows more than its part of the "
          "file holds frames. Correct videos/c/from_timestamp in meta/episodes, or leave the episode out with "
-         "episodes=."),
+         "episodes=[...]."),
     ],
     ids=["starts-unknown", "ends-half-a-frame-past", "could-start-half-a-frame-before-the-file", "faster-video",
          "slower-video", "one-frame-unread-before", "two-frames-unread-before"],
