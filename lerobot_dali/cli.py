@@ -175,6 +175,11 @@ def _info(args: argparse.Namespace) -> int:
         )
         if "probe_error" in cam:
             print(f"    {cam['probe_error']}")
+        if cam.get("info_json_unlike"):
+            print(
+                f"    info.json declares {', '.join(cam['info_json_unlike'])}: reading follows the files; tools that "
+                "read info.json are told wrong (correct meta/info.json)"
+            )
         if len(cam.get("file_codecs", {})) > 1:
             print(
                 f"    files mix codecs: {counts_text(cam['file_codecs'])}: the workers read them; NVDEC and DALI's CPU "

@@ -56,6 +56,7 @@ from .verified_decode_store import (
     local_image_verdict,
     local_verdict,
 )
+from .video_probe import describe_index
 from .video_source import local_video_path
 from .worker_source import SourceFile
 from .worker_start import log_like_trainer, names_main, package_log_level, skipping_main
@@ -278,9 +279,11 @@ class _EpisodeChecker:
                     f"the dataset's {name} list ({file}); the data rows and the {name} list disagree"
                 )
 
-    def packet_index(self, pos: int, camera: str) -> tuple[VideoRef, PacketIndex]:
-        """Episode ``pos``'s video of ``camera`` and its packet index."""
-        return self._indexes.of_episode(self.reader, pos, camera, store=self.index_store)
+    def packet_index(
+        self, pos: int, camera: str, *, dataset: LeRobotDatasetReader | None = None
+    ) -> tuple[VideoRef, PacketIndex]:
+        """Episode ``pos``'s video of ``camera`` and its packet index (``dataset``: of one of a union's datasets)."""
+        return self._indexes.of_episode(dataset or self.reader, pos, camera, store=self.index_store)
 
     def _decode_images(self, pos: int, camera: str, encoded: list[bytes], first_row: int) -> np.ndarray:
         """Episode ``pos``'s images of ``camera`` from its row ``first_row`` on, decoded as the workers decode them."""
@@ -451,6 +454,7 @@ def check_dataset(
     warn_undeclared_columns(reader)
     _warn_stats_faults(reader)
     _set_references(checker)
+    _warn_info_json_unlike(checker)
     report = CheckReport(source=reader.location.description)
     files: set[str] = set()
     decoded_files: set[str] = set()
@@ -556,6 +560,27 @@ def _set_references(checker: _EpisodeChecker) -> None:
             if shape is not None:
                 checker.image_shapes[camera] = shape
                 break
+
+
+def _warn_info_json_unlike(checker: _EpisodeChecker) -> None:
+    """Warn, per dataset (a union's datasets' own), of what info.json declares of a camera's video (codec, fps, size)
+    that its first episode's file does not hold: the workers read the files as they are, so it is no episode's
+    problem, but tools that read info.json instead are told wrong (``lerobot-dali info`` says it too)."""
+    for dataset in datasets_within(checker.reader):
+        for camera in dataset.camera_keys if dataset.num_episodes else ():
+            try:
+                index = checker.packet_index(0, camera, dataset=dataset)[1]
+            except Exception as e:  # (its episode's check lists it)
+                logger.debug("camera %s: info.json not compared with its first file: %s", camera, e)
+                continue
+            found = describe_index(index)
+            unlike = dataset.info.features[camera].unlike_video(found.codec, found.fps, (found.height, found.width))
+            if unlike:
+                logger.warning(
+                    "%s: camera %r: info.json declares %s: the check and a run read the files as they are; tools "
+                    "that read info.json instead are told wrong: correct meta/info.json",
+                    dataset.location.description, camera, ", ".join(unlike),
+                )  # fmt: skip
 
 
 def _mixes_codecs(reader: LeRobotDatasetReader, camera: str, *, since: float | None = None) -> bool:

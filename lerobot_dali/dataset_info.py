@@ -17,6 +17,7 @@ from typing import Any
 
 from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
+from .file_timing import RATE_SLACK
 from .value_checks import whole_number
 
 __all__ = [
@@ -32,6 +33,13 @@ __all__ = [
 #: Codebase versions whose layout this loader reads. v2.0 and v2.1 share one layout (one parquet and one
 #: video per episode); v3.0 packs many episodes per file.
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
+#: Encoders' names some writers put in ``video.codec`` for the codec they write (FFmpeg's codec names otherwise).
+_CODEC_OF_ENCODER = {
+    "libsvtav1": "av1", "libaom-av1": "av1", "librav1e": "av1", "av1_nvenc": "av1",
+    "libx264": "h264", "h264_nvenc": "h264", "avc": "h264",
+    "libx265": "hevc", "hevc_nvenc": "hevc", "h265": "hevc",
+    "libvpx-vp9": "vp9", "libvpx": "vp8",
+}  # fmt: skip
 #: Columns LeRobot batches for every dataset, one value per frame; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")
 
@@ -129,6 +137,22 @@ class Feature:
         """The frame rate info.json declares for a camera's video (``video.fps``), where it is a positive number."""
         rate = self.video.fps if self.video is not None else None
         return rate if rate is not None and math.isfinite(rate) and rate > 0 else None
+
+    def unlike_video(self, codec: str, fps: float | None, size: tuple[int, int]) -> list[str]:
+        """What info.json declares of this camera's video that a video file of it (``codec``, ``fps``, ``size`` as
+        (H, W)) does not hold, each as ``"video.fps 10 (the file: 25)"``. Reading follows the files; tools that read
+        info.json instead (a policy's input shape, a dataset viewer, LeRobot's dataset edits) are told wrong."""
+        unlike = []
+        declared = self.video.codec if self.video is not None else None
+        if declared and _CODEC_OF_ENCODER.get(declared.lower(), declared.lower()) != codec:
+            unlike.append(f"video.codec {declared!r} (the file: {codec})")
+        rate = self.declared_fps
+        if rate is not None and fps is not None and abs(rate - fps) > RATE_SLACK * fps:
+            unlike.append(f"video.fps {rate:g} (the file: {fps:g})")
+        size_declared = self.declared_size
+        if size_declared is not None and size_declared != size:
+            unlike.append(f"{size_declared[0]}x{size_declared[1]} (HxW) frames (the file: {size[0]}x{size[1]})")
+        return unlike
 
     @property
     def is_host_value(self) -> bool:

@@ -31,7 +31,8 @@ def summarize(
     ``"ok"`` or why not), so a dataset whose timestamps miss its video says which ``timestamp_source`` reads it.
     A camera whose first video does not open has ``probe_error`` (why) in place of what the video holds; one of at
     most :data:`CODEC_SURVEY_MAX_FILES` files that all open has ``file_codecs`` (codec -> files, the first file's
-    first)."""
+    first); one whose first video does not hold what info.json declares of it has ``info_json_unlike`` (what, as
+    :meth:`~.dataset_info.Feature.unlike_video` says it)."""
     info = reader.info
     episodes = reader.episodes
     data_files = Counter(zip(episodes.data_chunk_index.tolist(), episodes.data_file_index.tolist(), strict=True))
@@ -65,6 +66,7 @@ def summarize(
                 gop_frames=found.gop_frames,
                 b_frames=found.has_b_frames,
                 frame_lookup=_lookup_by_source(reader, key, index, first_rows, tolerance_s),
+                info_json_unlike=info.features[key].unlike_video(found.codec, found.fps, (found.height, found.width)),
             )
             codecs = _file_codecs(reader, key)
             if codecs is not None:

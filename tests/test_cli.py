@@ -66,6 +66,7 @@ def test_info_says_which_timestamp_source_reads_each_dataset(capsys) -> None:
     # r1's keyframes are 250 frames apart (cr5's 2): what a random frame costs, and what re-encoding would.
     assert "random access: about 125.5 frames decoded per frame (from the keyframe before it)" in printed
     assert "1 video file, 1 episode per file" in printed  # (it said "1-1 episodes per file")
+    assert "    info.json declares video.fps 10 (the file: 25): reading follows the files;" in printed
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "0.0201"]) == 0  # checks the advice
     assert "tolerance 0.0201 s: parquet_timestamp ok, frame_index ok" in capsys.readouterr().out
     assert main(["info", str(shared_dataset("r1_v30_h264")), "--tolerance-s", "-1"]) == 2
@@ -82,6 +83,7 @@ def test_info_r1_reports_true_video_fps_and_b_frames(capsys) -> None:
     info = _info_json(capsys, str(shared_dataset("r1_v30_h264")))
     camera = info["cameras"]["observation.images.rgb"]
     assert camera["declared_fps"] == 10 and camera["fps"] == 25.0  # info.json is wrong; the file says 25
+    assert camera["info_json_unlike"] == ["video.fps 10 (the file: 25)"]
     assert camera["codec"] == "h264" and camera["b_frames"] is True
 
 
@@ -861,8 +863,11 @@ def test_check_logs_plain_progress_lines_where_stderr_is_no_terminal() -> None:
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr, done.stderr
     assert "INFO lerobot_dali.check.progress: lerobot-dali check: 1/1 episodes (" in done.stderr, done.stderr
-    # (the columns r1's info.json leaves out were warned of on every run: with keys chosen, they are named at INFO)
-    assert "WARNING" not in done.stderr and "does not declare" not in done.stderr, done.stderr
+    # (the columns r1's info.json leaves out were warned of on every run: with keys chosen, they are named at INFO;
+    # its camera's declared 10 fps, over 25 fps video, is warned of)
+    (warning,) = [line for line in done.stderr.splitlines() if "WARNING" in line]
+    assert "info.json declares video.fps 10 (the file: 25)" in warning, done.stderr
+    assert "does not declare" not in done.stderr, done.stderr
 
 
 def test_check_logs_the_progress_of_its_survey_of_the_video_headers_too(make_ds, monkeypatch, caplog) -> None:

@@ -852,6 +852,22 @@ def test_statistics_a_run_would_normalise_wrong_by_are_warned_of(make_ds, copy_d
     assert warned(make_ds(**SPEC)) == []
 
 
+def test_what_info_json_declares_unlike_the_files_is_warned_of(make_ds, copy_ds, caplog) -> None:
+    """info.json's video.codec and video.fps were never compared with the files (r1_v30_h264 declares 10 fps for 25
+    fps video): now check warns, per camera, of what its first file does not hold; it reads the files as they are,
+    so the dataset has no problem (exit 0), and a camera info.json describes right is not named."""
+    root = copy_ds(make_ds(**SPEC))
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"][CAM1]["info"].update({"video.codec": "av1", "video.fps": 25})
+    (root / "meta/info.json").write_text(json.dumps(info))
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.dataset_check"):
+        assert check_dataset(open_dataset(root), workers=0).ok
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "lerobot_dali.dataset_check"]
+    assert f"camera '{CAM1}': info.json declares video.codec 'av1' (the file: h264), video.fps 25 (the file: 10): " in (
+        message
+    )
+
+
 def test_statistics_not_finite_are_warned_of_once(make_ds, copy_ds, caplog) -> None:
     """A NaN mean was warned of twice by check: the statistics reader's own warning, then check's list of faults."""
     root = copy_ds(make_ds(**SPEC))

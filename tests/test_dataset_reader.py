@@ -1081,6 +1081,33 @@ def test_a_cameras_declared_size_comes_from_its_video_info_or_its_named_shape() 
     assert size([240, 320, 3], None) is None
 
 
+@pytest.mark.parametrize(
+    ("info", "shape", "unlike"),
+    [
+        ({"video.codec": "av1", "video.fps": 30}, [480, 640, 3], []),
+        ({"video.codec": "libsvtav1", "video.fps": 29.97}, [480, 640, 3], []),  # (an encoder's name; within 1%)
+        ({"video.codec": "AV1"}, [480, 640, 3], []),
+        ({}, [480, 640, 3], []),  # (nothing declared: nothing unlike)
+        ({"video.codec": "h264"}, [480, 640, 3], ["video.codec 'h264' (the file: av1)"]),
+        ({"video.codec": "libx264"}, [480, 640, 3], ["video.codec 'libx264' (the file: av1)"]),
+        ({"video.fps": 10}, [480, 640, 3], ["video.fps 10 (the file: 30)"]),
+        ({"video.fps": 29.6}, [480, 640, 3], ["video.fps 29.6 (the file: 30)"]),  # (past 1%)
+        ({"video.height": 360, "video.width": 640}, [480, 640, 3], ["360x640 (HxW) frames (the file: 480x640)"]),
+        (
+            {"video.codec": "hevc", "video.fps": 25},
+            [240, 320, 3],
+            ["video.codec 'hevc' (the file: av1)", "video.fps 25 (the file: 30)", "240x320 (HxW) frames (the file: "
+             "480x640)"],
+        ),
+    ],
+)  # fmt: skip
+def test_what_info_json_declares_of_a_video_unlike_its_file_is_named(info: dict, shape: list[int], unlike) -> None:
+    """info.json's ``video.codec``, ``video.fps`` and size were never held to the files (r1_v30_h264 declares 10 fps
+    for 25 fps video): each that differs from a file holding AV1 at 30 fps, 480x640, is named with the file's."""
+    raw = {"dtype": "video", "shape": shape, "names": ["height", "width", "channels"], "info": info}
+    assert Feature.from_json("cam", raw).unlike_video("av1", 30.0, (480, 640)) == unlike
+
+
 def test_a_v20_cameras_video_info_is_read() -> None:
     """v2.0 wrote a camera's video info under 'video_info' (GR00T's dataset), later versions under 'info'."""
     path = shared_dataset("gr00t_v20_h264") / "meta/info.json"
