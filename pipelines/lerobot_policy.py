@@ -74,6 +74,7 @@ from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
     SHARE_CLIPS_HELP,
     add_reading_options,
+    camera_flag_refused,
     check_decode,
     check_seed,
     data_rank,
@@ -230,7 +231,8 @@ def parse_args(argv: Sequence[str] | None = None, *, log: logging.Logger | None 
 def with_cameras(metadata: Any, cameras: Sequence[str] | None) -> Any:
     """``metadata`` (LeRobot's) without the cameras ``--cameras`` leaves out, so the policy LeRobot builds from it
     reads the cameras the batches hold (``gr00t_v20_h264`` declares a camera with no files). A key it lacks is left
-    to the iterator, whose error lists the dataset's cameras."""
+    to lerobot-dali's open of the dataset, whose error lists the dataset's cameras (before the policy is built: LeRobot
+    refused one left with no camera in a traceback)."""
     if cameras is not None:
         features = metadata.info["features"]
         for key in [k for k in metadata.camera_keys if k not in cameras]:
@@ -353,9 +355,14 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
     from accelerate.utils import set_seed
 
     from lerobot_dali import DALILeRobotIterator
+    from lerobot_dali.dataset_reader import open_dataset
 
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
+        # (every rank at once, as train.py's: a --cameras key the dataset lacks is train.py's line on each, before
+        # LeRobot builds a policy without that camera)
+        with camera_flag_refused():
+            reader = open_dataset(options.dataset, revision=options.revision, cameras=options.cameras)
         with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
             metadata = with_cameras(dataset_metadata(options.dataset, options.revision), options.cameras)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
@@ -366,12 +373,11 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
         scheduler = schedule.build(optimizer, options.steps) if schedule is not None else None
         policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
         iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
-            options.dataset, revision=options.revision, batch_size=options.batch_size,
+            reader, batch_size=options.batch_size,
             delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
             episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
             decode=DecodePreference.parse(options.decode), share_clips=options.share_clips,
-            num_workers=options.num_workers, rank=rank,
-            world_size=world_size, cameras=options.cameras,
+            num_workers=options.num_workers, rank=rank, world_size=world_size,
             timestamp_source=check_choice(TimestampSource, "--timestamp-source", options.timestamp_source),
             tolerance_s=DEFAULT_TOLERANCE_S if options.tolerance_s is None else options.tolerance_s,
             # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)

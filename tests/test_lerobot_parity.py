@@ -1722,7 +1722,9 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
     make_ds, copy_ds, tmp_path: Path
 ) -> None:
     """A data file missing, a checkpoint of other episodes (a resume over another dataset): each printed a traceback
-    ending in lerobot-dali's message (exit status 1). Now that message is one line, exit status 2, as train.py's."""
+    ending in lerobot-dali's message (exit status 1). Now that message is one line, exit status 2, as train.py's. So is
+    a --cameras key the dataset lacks, train.py's line: LeRobot built the policy without a camera first, and refused it
+    in a traceback ('You must provide at least one image or the environment state among the inputs')."""
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
     spec = {"codec": "h264", "gop": 30, "cameras": 1, "size": (64, 96), "version": DATASET_VERSION}
@@ -1738,6 +1740,9 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
         (other, ["--checkpoint-dir", str(ckpt), "--resume"],
          r"ResumeStateError: this stream state was saved over other episodes \(3 episodes, .*\) than this iterator "
          r"reads \(2 episodes.*"),
+        (dataset, ["--cameras", "observation.images.top"],
+         r"--cameras: unknown camera\(s\) \['observation\.images\.top'\]; this dataset declares \['observation\."
+         r"images\..*"),
     ]  # fmt: skip
     for data, args, message in cases:
         command, env = _policy_command(data, "--steps", "2", *args)
