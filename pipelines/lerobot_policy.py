@@ -74,6 +74,7 @@ from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
     SHARE_CLIPS_HELP,
     add_reading_options,
+    batches_left,
     camera_flag_refused,
     check_decode,
     check_seed,
@@ -399,10 +400,10 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
                 data_options="--policy, --policy-arg, --image-transforms and --image-transforms-config",
             )  # fmt: skip
     if step < options.steps:  # (else resume_latest said there is nothing to train)
-        logger.info(
-            "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
-            rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
-            augment_signature(augment) or "none",
+        logger.info(  # (as train.py's first line: 'steps 0..6 of 4 samples' read as 4 samples in all)
+            "rank %d/%d: %s policy, steps %d..%d, batch %d, %s, windows %s, augmentation %s",
+            rank, world_size, options.policy, step, options.steps, options.batch_size, batches_left(iterator),
+            delta_timestamps, augment_signature(augment) or "none",
         )  # fmt: skip
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU
