@@ -33,6 +33,7 @@ them). They run on the device in the DALI graph, mapped by ``AugmentConfig.from_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import importlib.util
 import json
@@ -44,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.error import URLError
 
 if TYPE_CHECKING:
     from lerobot_dali.augment_config import AugmentConfig
@@ -312,9 +314,26 @@ def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tup
     from lerobot.policies.factory import make_policy, make_policy_config, make_pre_post_processors
 
     config = make_policy_config(options.policy, device=device, **options.policy_args)
-    policy = make_policy(config, ds_meta=metadata)
+    try:
+        policy = make_policy(config, ds_meta=metadata)
+    except URLError as e:  # (offline, ACT's default: urllib's 140-line traceback on rank 0, the others killed: -15)
+        raise SetupError(download_failed(options.policy, config, e)) from e
     preprocessor, _ = make_pre_post_processors(config, dataset_stats=metadata.stats)
     return policy, preprocessor, resolve_delta_timestamps(config, metadata)
+
+
+def download_failed(policy: str, config: Any, error: URLError) -> str:
+    """What to say where building ``policy`` (its LeRobot ``config``) failed to download what it starts from: ACT's
+    and Diffusion Policy's pretrained backbone weights by default, which torchvision fetches into torch's hub cache."""
+    weights = getattr(config, "pretrained_backbone_weights", None)
+    if not weights:
+        return f"{policy} policy: LeRobot's build of it failed to download a file ({error.reason})"
+    return (
+        f"{policy} policy: LeRobot builds it on pretrained backbone weights (pretrained_backbone_weights={weights}), "
+        f"which torchvision failed to download ({error.reason}): run it once where the network is reached (torch's "
+        "hub cache keeps them, under $TORCH_HOME), or train the backbone from scratch with --policy-arg "
+        "pretrained_backbone_weights=null"
+    )
 
 
 def train(options: PolicyTrainOptions) -> list[float]:
@@ -364,7 +383,11 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
         # LeRobot builds a policy without that camera)
         with camera_flag_refused():
             reader = open_dataset(options.dataset, revision=options.revision, cameras=options.cameras)
-        with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
+        # A Hub dataset's metadata downloads once, then the others read it; a local one's every rank reads at once,
+        # as train.py's ranks open theirs: an error in the policy's build (its weights' download) is then each rank's
+        # line, where the ranks that had waited were killed by torchrun (-15) as the first one exited.
+        local = Path(options.dataset).is_dir()
+        with contextlib.nullcontext() if local else accelerator.main_process_first():
             metadata = with_cameras(dataset_metadata(options.dataset, options.revision), options.cameras)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
         augment = policy_augment(options)

@@ -2132,6 +2132,49 @@ def test_image_transforms_take_lerobots_defaults_from_where_the_installed_lerobo
         assert lerobot_policy.policy_augment(options) == AugmentConfig.from_lerobot(LEROBOT_DEFAULT) != AugmentConfig()
 
 
+@pytest.mark.parametrize("weights", ["ResNet18_Weights.IMAGENET1K_V1", None])
+def test_a_policy_whose_download_fails_as_it_is_built_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, weights: str | None
+) -> None:
+    """ACT's default config (and Diffusion Policy's) starts its backbone from torchvision's ResNet18 weights, downloaded
+    as LeRobot builds the policy: on a machine without network, lerobot_policy.py as the README shows it was urllib's
+    140-line traceback on rank 0, the other rank killed by torchrun (-15). Now a SetupError (one line on each rank,
+    exit status 2) naming the weights and how to train without them. (A stand-in LeRobot: CI has none.)"""
+    import types
+    from urllib.error import URLError
+
+    from pipelines import lerobot_policy
+    from pipelines.run_errors import SetupError
+
+    def make_policy(config: Any, ds_meta: Any) -> None:
+        raise URLError(socket.gaierror(-2, "Name or service not known"))
+
+    stand_ins = {
+        "make_policy_config": lambda policy, **fields: types.SimpleNamespace(pretrained_backbone_weights=weights),
+        "make_policy": make_policy,
+        "make_pre_post_processors": lambda config, dataset_stats: (None, None),
+        "resolve_delta_timestamps": lambda config, metadata: None,
+    }
+    packages = ("lerobot", "lerobot.policies", "lerobot.datasets")
+    for name in (*packages, "lerobot.policies.factory", "lerobot.datasets.factory"):
+        module = types.ModuleType(name)
+        module.__path__ = []
+        module.__dict__.update(stand_ins)
+        monkeypatch.setitem(sys.modules, name, module)
+    options = lerobot_policy.PolicyTrainOptions(dataset="d", device="cpu")
+    said = (
+        r"act policy: LeRobot builds it on pretrained backbone weights \(pretrained_backbone_weights=ResNet18_Weights"
+        r"\.IMAGENET1K_V1\), which torchvision failed to download \(\[Errno -2\] Name or service not known\): run it "
+        r"once where the network is reached \(.*\), or train the backbone from scratch with --policy-arg "
+        r"pretrained_backbone_weights=null"
+        if weights
+        else r"act policy: LeRobot's build of it failed to download a file \(\[Errno -2\] Name or service not known\)"
+    )
+    with pytest.raises(SetupError) as refused:
+        lerobot_policy.build_policy(options, types.SimpleNamespace(stats={}), "cpu")
+    assert re.fullmatch(said, str(refused.value)), str(refused.value)
+
+
 def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_pipelines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
