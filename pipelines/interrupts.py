@@ -108,8 +108,8 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     """Run a training script as ``python pipelines/<script>.py`` runs it: import ``module`` (its torch, accelerate and
     LeRobot imports take seconds) and exit with its ``main()``'s status. A Ctrl-C while it imports is one line and
     exit status 130 (logged by ``logger``, the script's), as ``main()`` says one in any later phase: it was Python's
-    traceback, the process killed by SIGINT. Once ``main()`` has returned, a Ctrl-C or a preemption signal in the
-    interpreter's exit changes nothing of its status."""
+    traceback, the process killed by SIGINT. Once ``main()`` has returned, or exited (argparse's refusal of a flag:
+    status 2), a Ctrl-C or a preemption signal in the interpreter's exit changes nothing of its status."""
     atexit.register(_ignore_ctrl_c)  # (first: the last exit callback, after those of the script's imports)
     try:
         main = importlib.import_module(module).main
@@ -117,6 +117,10 @@ def run_main(module: str, program: str, logger: str) -> NoReturn:
     except KeyboardInterrupt:  # (main() says its own: only one before it started is left)
         configure_logging()
         status = said(logging.getLogger(logger), program, Interrupted.while_starting())
+    except SystemExit as e:  # argparse's refusal of a flag (its line logged) or --help: main()'s status, raised
+        if e.code is not None and not isinstance(e.code, int):
+            raise  # (a message, which Python's exit prints)
+        status = e.code or 0
     signal.signal(signal.SIGINT, functools.partial(_exit_now, status))
     # The status is known: a preemption signal in the interpreter's exit (seconds: 3.1 s after main() returned, on 2
     # cores, 2.6 s of it past the exit callbacks) killed a run that had trained, saved and closed (status 143, nothing

@@ -33,6 +33,7 @@ them). They run on the device in the DALI graph, mapped by ``AugmentConfig.from_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import importlib.util
 import json
@@ -44,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.error import URLError
 
 if TYPE_CHECKING:
     from lerobot_dali.augment_config import AugmentConfig
@@ -74,6 +76,8 @@ from pipelines.run_errors import SetupError, setting_up
 from pipelines.train import (
     SHARE_CLIPS_HELP,
     add_reading_options,
+    batches_left,
+    camera_flag_refused,
     check_decode,
     check_seed,
     data_rank,
@@ -230,7 +234,8 @@ def parse_args(argv: Sequence[str] | None = None, *, log: logging.Logger | None 
 def with_cameras(metadata: Any, cameras: Sequence[str] | None) -> Any:
     """``metadata`` (LeRobot's) without the cameras ``--cameras`` leaves out, so the policy LeRobot builds from it
     reads the cameras the batches hold (``gr00t_v20_h264`` declares a camera with no files). A key it lacks is left
-    to the iterator, whose error lists the dataset's cameras."""
+    to lerobot-dali's open of the dataset, whose error lists the dataset's cameras (before the policy is built: LeRobot
+    refused one left with no camera in a traceback)."""
     if cameras is not None:
         features = metadata.info["features"]
         for key in [k for k in metadata.camera_keys if k not in cameras]:
@@ -309,9 +314,26 @@ def build_policy(options: PolicyTrainOptions, metadata: Any, device: str) -> tup
     from lerobot.policies.factory import make_policy, make_policy_config, make_pre_post_processors
 
     config = make_policy_config(options.policy, device=device, **options.policy_args)
-    policy = make_policy(config, ds_meta=metadata)
+    try:
+        policy = make_policy(config, ds_meta=metadata)
+    except URLError as e:  # (offline, ACT's default: urllib's 140-line traceback on rank 0, the others killed: -15)
+        raise SetupError(download_failed(options.policy, config, e)) from e
     preprocessor, _ = make_pre_post_processors(config, dataset_stats=metadata.stats)
     return policy, preprocessor, resolve_delta_timestamps(config, metadata)
+
+
+def download_failed(policy: str, config: Any, error: URLError) -> str:
+    """What to say where building ``policy`` (its LeRobot ``config``) failed to download what it starts from: ACT's
+    and Diffusion Policy's pretrained backbone weights by default, which torchvision fetches into torch's hub cache."""
+    weights = getattr(config, "pretrained_backbone_weights", None)
+    if not weights:
+        return f"{policy} policy: LeRobot's build of it failed to download a file ({error.reason})"
+    return (
+        f"{policy} policy: LeRobot builds it on pretrained backbone weights (pretrained_backbone_weights={weights}), "
+        f"which torchvision failed to download ({error.reason}): run it once where the network is reached (torch's "
+        "hub cache keeps them, under $TORCH_HOME), or train the backbone from scratch with --policy-arg "
+        "pretrained_backbone_weights=null"
+    )
 
 
 def train(options: PolicyTrainOptions) -> list[float]:
@@ -353,10 +375,19 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
     from accelerate.utils import set_seed
 
     from lerobot_dali import DALILeRobotIterator
+    from lerobot_dali.dataset_reader import open_dataset
 
     set_seed(options.seed)
     with setting_up():  # (lerobot-dali's errors about the data or a checkpoint: main logs them as one line)
-        with accelerator.main_process_first():  # a Hub dataset's metadata downloads once, then the others read it
+        # (every rank at once, as train.py's: a --cameras key the dataset lacks is train.py's line on each, before
+        # LeRobot builds a policy without that camera)
+        with camera_flag_refused():
+            reader = open_dataset(options.dataset, revision=options.revision, cameras=options.cameras)
+        # A Hub dataset's metadata downloads once, then the others read it; a local one's every rank reads at once,
+        # as train.py's ranks open theirs: an error in the policy's build (its weights' download) is then each rank's
+        # line, where the ranks that had waited were killed by torchrun (-15) as the first one exited.
+        local = Path(options.dataset).is_dir()
+        with contextlib.nullcontext() if local else accelerator.main_process_first():
             metadata = with_cameras(dataset_metadata(options.dataset, options.revision), options.cameras)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
         augment = policy_augment(options)
@@ -366,12 +397,11 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
         scheduler = schedule.build(optimizer, options.steps) if schedule is not None else None
         policy, optimizer, scheduler = accelerator.prepare(policy, optimizer, scheduler)
         iterator = DALILeRobotIterator(  # one per rank, never through accelerator.prepare: it shards by itself
-            options.dataset, revision=options.revision, batch_size=options.batch_size,
+            reader, batch_size=options.batch_size,
             delta_timestamps=delta_timestamps, shuffle=True, seed=options.seed,
             episode_pool_size=options.episode_pool_size, device=iterator_device(accelerator.device),
             decode=DecodePreference.parse(options.decode), share_clips=options.share_clips,
-            num_workers=options.num_workers, rank=rank,
-            world_size=world_size, cameras=options.cameras,
+            num_workers=options.num_workers, rank=rank, world_size=world_size,
             timestamp_source=check_choice(TimestampSource, "--timestamp-source", options.timestamp_source),
             tolerance_s=DEFAULT_TOLERANCE_S if options.tolerance_s is None else options.tolerance_s,
             # (as LeRobot's train script samples for the policies that ask: Diffusion Policy's last 7 frames)
@@ -393,10 +423,10 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
                 data_options="--policy, --policy-arg, --image-transforms and --image-transforms-config",
             )  # fmt: skip
     if step < options.steps:  # (else resume_latest said there is nothing to train)
-        logger.info(
-            "rank %d/%d: %s policy, steps %d..%d of %d samples, windows %s, augmentation %s",
-            rank, world_size, options.policy, step, options.steps, options.batch_size, delta_timestamps,
-            augment_signature(augment) or "none",
+        logger.info(  # (as train.py's first line: 'steps 0..6 of 4 samples' read as 4 samples in all)
+            "rank %d/%d: %s policy, steps %d..%d, batch %d, %s, windows %s, augmentation %s",
+            rank, world_size, options.policy, step, options.steps, options.batch_size, batches_left(iterator),
+            delta_timestamps, augment_signature(augment) or "none",
         )  # fmt: skip
     losses: list[float] = []
     pending: list[torch.Tensor] = []  # on the device until a log line reads one back anyway: no wait for the GPU

@@ -40,6 +40,7 @@ a sample is the current frame of every camera, the current state and ``--chunk``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -568,22 +569,32 @@ def check_files(options: TrainOptions) -> None:
         refuse_inside_datasets("--record", options.record_dir, options.datasets)
 
 
+@contextlib.contextmanager
+def camera_flag_refused() -> Iterator[None]:
+    """Around opening the datasets: a camera ``--cameras`` names that one lacks (or that ``--rename-map`` hides) is a
+    :class:`RunRefused` naming that flag (``--cameras: unknown camera(s) ...``), one line as a flag's mistake."""
+    from lerobot_dali.errors import CameraSelectionError
+    from lerobot_dali.key_rename import flag_at_fault
+
+    try:
+        yield
+    except CameraSelectionError as e:
+        raise RunRefused(f"{flag_at_fault(e)}: {e}") from e
+
+
 def open_readers(options: TrainOptions) -> list[Any]:
     """The datasets to train on, opened; several keep the keys and cameras all of them have (a mixture's), under
     the names ``--rename-map`` gives them."""
     from lerobot_dali.dataset_reader import open_dataset
     from lerobot_dali.dataset_union import concat_datasets, open_all
-    from lerobot_dali.errors import CameraSelectionError
-    from lerobot_dali.key_rename import flag_at_fault, rename_maps_for, shared_selection, without_cameras_left_out
+    from lerobot_dali.key_rename import rename_maps_for, shared_selection, without_cameras_left_out
 
     count = len(options.datasets)
     maps = options.rename_map if isinstance(options.rename_map, tuple) else (options.rename_map,) * count
-    try:  # (each with its own keys for --cameras, names as the mixture's batches: no unrecorded camera looked for)
-        if count == 1:  # (its --cameras mistake said as a mixture's)
+    with camera_flag_refused():  # (each with its own keys for --cameras, names as the mixture's batches: no
+        if count == 1:  # unrecorded camera looked for; one dataset's --cameras mistake said as a mixture's)
             return [open_dataset(options.datasets[0], episodes=options.episodes, cameras=options.cameras)]
         readers = open_all(options.datasets, cameras=options.cameras, rename_maps=maps)
-    except CameraSelectionError as e:
-        raise RunRefused(f"{flag_at_fault(e)}: {e}") from e
     rates = {reader.location.description: reader.fps for reader in readers}
     if len(set(rates.values())) > 1:  # (the library mixes them; this script's windows count frames at one fps)
         raise RunRefused(f"the datasets run at different fps ({rates}); train on datasets of one fps")

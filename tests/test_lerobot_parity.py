@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import signal
@@ -1518,10 +1519,12 @@ def test_a_lerobot_policy_gets_the_same_loss_from_both_loaders(lerobot_written, 
 @needs_lerobot_04
 @pytest.mark.parametrize("policy_type", sorted(TINY_POLICIES))
 def test_the_lerobot_policy_pipeline_trains_and_saves(
-    lerobot_written, tmp_path: Path, policy_type: str, monkeypatch
+    lerobot_written, tmp_path: Path, policy_type: str, monkeypatch, caplog
 ) -> None:
     """Diffusion Policy's preset schedule (cosine with warm-up) runs too: ACT has none. As in LeRobot's train
-    script, Diffusion Policy's samples leave out the last ``drop_n_last_frames`` frames of each episode."""
+    script, Diffusion Policy's samples leave out the last ``drop_n_last_frames`` frames of each episode. The first
+    line says the batch and where in its epoch the run starts as train.py's does ('steps 0..3 of 4 samples' read as
+    4 samples in all)."""
     import lerobot_dali
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
@@ -1533,10 +1536,15 @@ def test_the_lerobot_policy_pipeline_trains_and_saves(
         dataset=str(lerobot_written("libsvtav1", True)), policy=policy_type, policy_args=TINY_POLICIES[policy_type],
         steps=3, batch_size=4, num_workers=1, device="cpu", log_every=1, output_dir=tmp_path / "policy",
     )  # fmt: skip
-    losses = train(options)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.pipelines.lerobot_policy"):
+        losses = train(options)
     assert [k["drop_n_last_frames"] for k in built] == [7 if policy_type == "diffusion" else 0]
     assert len(losses) == 3 and all(np.isfinite(losses))
     assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "policy").iterdir()}
+    first = [r.getMessage() for r in caplog.records if r.getMessage().startswith("rank 0/1: ")]
+    assert len(first) == 1 and re.match(
+        rf"rank 0/1: {policy_type} policy, steps 0\.\.3, batch 4, \d+ batches left in epoch 0, windows \{{", first[0]
+    ), first
 
 
 @needs_lerobot_04
@@ -1722,7 +1730,9 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
     make_ds, copy_ds, tmp_path: Path
 ) -> None:
     """A data file missing, a checkpoint of other episodes (a resume over another dataset): each printed a traceback
-    ending in lerobot-dali's message (exit status 1). Now that message is one line, exit status 2, as train.py's."""
+    ending in lerobot-dali's message (exit status 1). Now that message is one line, exit status 2, as train.py's. So is
+    a --cameras key the dataset lacks, train.py's line: LeRobot built the policy without a camera first, and refused it
+    in a traceback ('You must provide at least one image or the environment state among the inputs')."""
     from pipelines.lerobot_policy import PolicyTrainOptions, train
 
     spec = {"codec": "h264", "gop": 30, "cameras": 1, "size": (64, 96), "version": DATASET_VERSION}
@@ -1738,6 +1748,9 @@ def test_the_lerobot_policy_pipelines_dataset_errors_while_setting_up_are_one_li
         (other, ["--checkpoint-dir", str(ckpt), "--resume"],
          r"ResumeStateError: this stream state was saved over other episodes \(3 episodes, .*\) than this iterator "
          r"reads \(2 episodes.*"),
+        (dataset, ["--cameras", "observation.images.top"],
+         r"--cameras: unknown camera\(s\) \['observation\.images\.top'\]; this dataset declares \['observation\."
+         r"images\..*"),
     ]  # fmt: skip
     for data, args, message in cases:
         command, env = _policy_command(data, "--steps", "2", *args)

@@ -654,13 +654,16 @@ def test_ctrl_c_while_checking_the_flags_is_one_line_and_status_130(
     assert [r.getMessage() for r in caplog.records] == [f"{script}.py: {_WHILE_STARTING}"]
 
 
-#: A script's module for run_main whose main() returns its argument's status and whose interpreter exit takes long
-#: (as a training script's does: seconds), saying when it has begun.
+#: A script's module for run_main whose main() returns its argument's status (or raises it, as argparse's refusal of
+#: a flag does: SystemExit(2)) and whose interpreter exit takes long (as a training script's does: seconds), saying
+#: when it has begun.
 _SLOW_EXIT_SCRIPT = """
 import atexit, pathlib, sys, time
 
 def main():
     atexit.register(slow_exit)
+    if sys.argv[3] == "raised":
+        sys.exit(int(sys.argv[2]))
     return int(sys.argv[2])
 
 def slow_exit():
@@ -669,20 +672,26 @@ def slow_exit():
 """
 
 
-@pytest.mark.parametrize(("status", "signum"), [(0, signal.SIGTERM), (75, signal.SIGUSR1), (2, signal.SIGTERM)])
+@pytest.mark.parametrize(
+    ("status", "signum", "how"),
+    [(0, signal.SIGTERM, "returned"), (75, signal.SIGUSR1, "returned"), (2, signal.SIGTERM, "returned"),
+     (2, signal.SIGTERM, "raised")],
+)  # fmt: skip
 def test_a_preemption_signal_in_the_interpreters_exit_keeps_the_scripts_status(
-    status: int, signum: int, tmp_path: Path
+    status: int, signum: int, how: str, tmp_path: Path
 ) -> None:
     """A run that had trained, saved and closed took seconds more to exit (3.1 s after main() returned, on 2
     cores), and a SIGTERM then (a job's time limit as it ended, walked by hand) killed it: status 143,
     nothing said, a finished run read as a killed one (a preempted run's 75 too). run_main ignores the signals once
     main() has returned: the process ends with its status. (Ignored: a handler would be set back to the default by
-    Python's finalisation; one ended a preempted rank that torchrun sent SIGTERM to, -15 for 75.)"""
+    Python's finalisation; one ended a preempted rank that torchrun sent SIGTERM to, -15 for 75.) Likewise once main()
+    has raised its status (argparse's refusal of a flag, SystemExit(2)): under torchrun the rank that said it later
+    got torchrun's SIGTERM as it exited, the other rank's 2 having ended the job, and its summary read -15 for it."""
     (tmp_path / "slow_exit_script.py").write_text(_SLOW_EXIT_SCRIPT)
     marker = tmp_path / "exiting"
     code = "from pipelines.interrupts import run_main; run_main('slow_exit_script', 'script.py', 'script')"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
-    process = subprocess.Popen([sys.executable, "-c", code, str(marker), str(status)], env=env, cwd=REPO)
+    process = subprocess.Popen([sys.executable, "-c", code, str(marker), str(status), how], env=env, cwd=REPO)
     try:
         deadline = time.monotonic() + 60
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -2121,6 +2130,49 @@ def test_image_transforms_take_lerobots_defaults_from_where_the_installed_lerobo
             lerobot_policy.policy_augment(options)
     else:
         assert lerobot_policy.policy_augment(options) == AugmentConfig.from_lerobot(LEROBOT_DEFAULT) != AugmentConfig()
+
+
+@pytest.mark.parametrize("weights", ["ResNet18_Weights.IMAGENET1K_V1", None])
+def test_a_policy_whose_download_fails_as_it_is_built_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, weights: str | None
+) -> None:
+    """ACT's default config (and Diffusion Policy's) starts its backbone from torchvision's ResNet18 weights, downloaded
+    as LeRobot builds the policy: on a machine without network, lerobot_policy.py as the README shows it was urllib's
+    140-line traceback on rank 0, the other rank killed by torchrun (-15). Now a SetupError (one line on each rank,
+    exit status 2) naming the weights and how to train without them. (A stand-in LeRobot: CI has none.)"""
+    import types
+    from urllib.error import URLError
+
+    from pipelines import lerobot_policy
+    from pipelines.run_errors import SetupError
+
+    def make_policy(config: Any, ds_meta: Any) -> None:
+        raise URLError(socket.gaierror(-2, "Name or service not known"))
+
+    stand_ins = {
+        "make_policy_config": lambda policy, **fields: types.SimpleNamespace(pretrained_backbone_weights=weights),
+        "make_policy": make_policy,
+        "make_pre_post_processors": lambda config, dataset_stats: (None, None),
+        "resolve_delta_timestamps": lambda config, metadata: None,
+    }
+    packages = ("lerobot", "lerobot.policies", "lerobot.datasets")
+    for name in (*packages, "lerobot.policies.factory", "lerobot.datasets.factory"):
+        module = types.ModuleType(name)
+        module.__path__ = []
+        module.__dict__.update(stand_ins)
+        monkeypatch.setitem(sys.modules, name, module)
+    options = lerobot_policy.PolicyTrainOptions(dataset="d", device="cpu")
+    said = (
+        r"act policy: LeRobot builds it on pretrained backbone weights \(pretrained_backbone_weights=ResNet18_Weights"
+        r"\.IMAGENET1K_V1\), which torchvision failed to download \(\[Errno -2\] Name or service not known\): run it "
+        r"once where the network is reached \(.*\), or train the backbone from scratch with --policy-arg "
+        r"pretrained_backbone_weights=null"
+        if weights
+        else r"act policy: LeRobot's build of it failed to download a file \(\[Errno -2\] Name or service not known\)"
+    )
+    with pytest.raises(SetupError) as refused:
+        lerobot_policy.build_policy(options, types.SimpleNamespace(stats={}), "cpu")
+    assert re.fullmatch(said, str(refused.value)), str(refused.value)
 
 
 def test_lerobots_image_transforms_from_a_train_config_or_its_table_reach_both_pipelines(
