@@ -796,3 +796,16 @@ def test_a_crop_try_as_wide_as_the_frame_fits_like_torchvision() -> None:
     np.testing.assert_array_equal(end[:, 0] - start[:, 0], np.full(64, 0.5, np.float32))  # 2 of 4 rows
     np.testing.assert_array_equal(start[:, 1], np.zeros(64, np.float32))
     np.testing.assert_array_equal(end[:, 1], np.ones(64, np.float32))
+
+
+@pytest.mark.parametrize(
+    ("resize", "ratio", "empty"),
+    [((100, 1), (3, 4), "1 x 0 (width / 3 rounds to 0)"), ((1, 100), (0.1, 0.4), "0 x 1 (height * 0.4 rounds to 0)")],
+)
+def test_a_crop_ratio_whose_fallback_is_empty_in_the_resized_frame_is_refused(resize, ratio, empty) -> None:
+    """A 1-pixel-wide frame with ratios 3-4 (its fallback crop 1 / 3 wide: 0) and a 1-pixel-high one with ratios
+    0.1-0.4: each refused naming the empty crop and the ratio end that makes it (a mutation pass found the second
+    unchecked, and the first's ratio end unsaid)."""
+    crop = RandomResizedCrop(size=(8, 8), ratio=ratio)
+    with pytest.raises(ValueError, match=re.escape(f"its fallback centre crop would be {empty} pixels")):
+        AugmentConfig(resize=resize, random_resized_crop=crop)

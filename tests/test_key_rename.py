@@ -256,6 +256,11 @@ def test_a_map_whose_reversed_entry_is_another_entrys_key_is_told_no_reversal(ca
     with pytest.raises(RenameMapError) as caught:
         KeyRename.checked({TOP: CAM0, CAM0: WRIST}, reader)
     assert str(caught.value).endswith("its values the batches' names"), caught.value
+    # (neither name its key; reversed, two keys named 'top': no reversal either)
+    for rename_map in ({TOP: SIDE}, {TOP: CAM0, CAM1: TOP}):
+        with pytest.raises(RenameMapError) as caught:
+            KeyRename.checked(rename_map, reader)
+        assert str(caught.value).endswith("its values the batches' names"), caught.value
     with pytest.raises(RenameMapError, match=re.escape(f'other way round: pass {{"{CAM0}": "{TOP}"}}')):
         KeyRename.checked({TOP: CAM0}, reader)
 
@@ -281,3 +286,105 @@ def test_a_key_its_map_renames_away_is_told_its_new_name_alone(cameras3, cameras
     with pytest.raises(DatasetError) as caught:
         concat_datasets([cameras3, cameras2], keys=[state], rename_maps=[{state: "observation.joints"}, None])
     assert str(caught.value).endswith(f"{state!r} is renamed 'observation.joints' by its rename_map: name it so")
+
+
+@pytest.mark.parametrize("spares", [3, 4])
+def test_a_hint_tells_up_to_three_maps_and_past_them_says_which_is_not_to_be_guessed(spares: int) -> None:
+    """One camera lacking and 3 spare cameras: each of the 3 maps told (_MAPS_TOLD); 4 spare: none listed, the spare
+    ones named and said not to be guessed. (A mutation pass telling up to 4 passed: only 3 and 8 x 10 were asked.)"""
+    spare = [f"observation.images.cam{i}" for i in range(spares)]
+    hint = rename_hint([TOP], spare, KeyRename())
+    if spares == 3:
+        assert _maps_told(ValueError(hint)) == [{key: TOP} for key in spare]
+    else:
+        assert hint.startswith(
+            f"; if it records ['{TOP}'] under other names, give each the key it is recorded as with a rename_map "
+            f"(which of its keys left, {spare}, records which is not to be guessed: "
+        ), hint
+
+
+def test_a_rename_translates_windows_normalisation_and_batches_at_its_edges() -> None:
+    """{cam0: top} by hand: windows and a per-camera normalize named by the batches' names are keyed by the dataset's
+    own (a window on 'cam0', renamed away, names no key of its), a batch's keys and their '_is_pad' masks come back
+    under the batches' names, and an empty rename hands each back as it was (a copy of the batch; None windows stay
+    None). A KeyRename is frozen. (A mutation pass found these checked only through datasets, partly.)"""
+    from dataclasses import FrozenInstanceError
+
+    from lerobot_dali.augment_config import AugmentConfig, Normalize
+
+    rename, none = KeyRename({CAM0: TOP}), KeyRename()
+    windows = {TOP: [-0.1, 0.0], "action": [0.0, 0.1], CAM0: [0.0]}
+    assert rename.own_windows(windows) == {CAM0: [-0.1, 0.0], "action": [0.0, 0.1]}
+    assert none.own_windows(windows) == windows and none.own_windows(None) is None and rename.own_windows(None) is None
+    norm = Normalize(mean=[0.5, 0.5, 0.5], std=[0.2, 0.2, 0.2])
+    augment = AugmentConfig(normalize={TOP: norm, CAM1: norm})
+    assert dict(rename.own_augment(augment).normalize) == {CAM0: norm, CAM1: norm}
+    assert none.own_augment(augment) is augment and rename.own_augment(None) is None
+    alone = AugmentConfig(normalize={CAM0: norm})  # (none for the dataset's names: left for the iterator to name)
+    assert rename.own_augment(alone) is alone
+    values = {CAM0: 1, f"{CAM0}_is_pad": 2, "index": 3, "action_is_pad": 4}
+    assert rename.batch(values) == {TOP: 1, f"{TOP}_is_pad": 2, "index": 3, "action_is_pad": 4}
+    assert none.batch(values) == values and none.batch(values) is not values
+    with pytest.raises(FrozenInstanceError):
+        rename.to_batch = {}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text", ['["a"]', '{"a": 1}', '"a"', "3"])
+def test_a_command_lines_rename_map_that_is_no_object_of_names_is_one_value_error(text: str) -> None:
+    """``--rename-map`` given JSON that is no object of names: the ValueError the command says in one line, naming the
+    text (a mutation pass's and -> or let a list through as an AttributeError, and an object of numbers to
+    check_rename_map's TypeError)."""
+    with pytest.raises(ValueError, match=re.escape(f'a JSON object of names, {{"key": "new name"}}, got {text!r}')):
+        rename_map_from_json(text)
+
+
+def test_cameras_given_as_a_string_or_maps_of_another_count_are_said_as_given(cameras2, caplog) -> None:
+    """cameras='top' (letters read as keys) is a TypeError telling to pass ['top'], opening a dataset or narrowing
+    several; one map per dataset of another count, or one that is no map, is handed back as given by
+    without_cameras_left_out, for rename_maps_for and KeyRename.checked to say what is wrong; datasets of the same
+    keys narrowed to those they share log nothing left out."""
+    import logging
+
+    from lerobot_dali.key_rename import shared_selection, without_cameras_left_out
+
+    with pytest.raises(TypeError, match=re.escape(f"got the string {TOP!r}: pass [{TOP!r}]")):
+        own_cameras(locate_dataset(cameras2), TOP, None)  # type: ignore[arg-type]
+    reader = open_dataset(cameras2)
+    with pytest.raises(TypeError, match=re.escape(f"cameras= takes a list of keys, got the string {TOP!r}")):
+        shared_selection([reader, reader], cameras=TOP, keys=None)  # type: ignore[arg-type]
+    assert without_cameras_left_out([{CAM0: TOP}], [reader, reader]) == [{CAM0: TOP}]
+    assert without_cameras_left_out([{CAM0: TOP}, "junk"], [reader, reader]) == [{CAM0: TOP}, "junk"]  # type: ignore[list-item]
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.key_rename"):
+        narrowed = shared_selection([reader, reader], cameras=None, keys=None)
+    assert [r.all_camera_keys for r in narrowed] == [(CAM0, CAM1)] * 2 and caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("rename_map", "said"),
+    [
+        ({"action": "index"}, "rename_map names ['index']: every batch carries"),
+        ({CAM0: f"{TOP}_is_pad"}, f"rename_map names ['{TOP}_is_pad']: every batch carries"),
+        ({CAM0: CAM1}, f"rename_map gives ['{CAM1}'] to a key while another key of the dataset has (or gets)"),
+        ({CAM0: TOP, CAM1: TOP}, f"rename_map gives ['{TOP}'] to a key while another key"),
+    ],
+)
+def test_a_map_onto_a_name_every_batch_carries_or_another_key_has_is_refused(cameras2, rename_map, said) -> None:
+    """A key renamed to 'index' or to a window's mask ('<key>_is_pad'), or to a name another key has or gets: each
+    refused naming it (each refusal of the dataset's own map checked by hand: a mutation pass found them unchecked
+    here)."""
+    with pytest.raises(RenameMapError, match=re.escape(said)):
+        KeyRename.checked(rename_map, open_dataset(cameras2))
+
+
+def test_narrowing_several_datasets_to_a_camera_one_lacks_tells_the_maps_one_alone_none(cameras2) -> None:
+    """shared_selection over two datasets, cameras=['top'] (neither has it): the refusal tells each map giving one of
+    its cameras the name; over one dataset (no other to be read with) it tells none."""
+    from lerobot_dali.key_rename import shared_selection
+
+    reader = open_dataset(cameras2)
+    with pytest.raises(DatasetError) as caught:
+        shared_selection([reader, reader], cameras=[TOP], keys=None)
+    assert _maps_told(caught.value) == [{CAM0: TOP}, {CAM1: TOP}]
+    with pytest.raises(DatasetError) as caught:
+        shared_selection([reader], cameras=[TOP], keys=None)
+    assert "rename_map" not in str(caught.value), caught.value

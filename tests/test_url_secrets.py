@@ -78,9 +78,12 @@ def test_the_request_log_filter_masks_every_record_it_is_given_and_never_raises(
     filter masked a message's string arguments alone, so a mapping of arguments, a message that is an error (not a
     string) and a traceback a handler formatted before named the signature (3 of 3), and it raised where an
     argument's ``str()`` did (its ``%r`` formats) or an error's parts could not be read (2 of 2): a filter's error is
-    the logging caller's, fsspec's read. Each record now comes out masked, its other text as it was."""
+    the logging caller's, fsspec's read. Each record now comes out masked, its other text as it was: a message its
+    arguments do not make (``"read %d"`` given the URL; one whose ``str()`` raises) said with them, both masked, and an
+    error given that was never raised (no traceback) masked as a raised one is."""
     import io
     import logging
+    import re
     import sys
 
     from lerobot_dali.url_secrets import mask_request_logs
@@ -95,6 +98,8 @@ def test_the_request_log_filter_masks_every_record_it_is_given_and_never_raises(
         library.debug("%(url)s", {"url": url})
         library.debug(ValueError(url))
         library.debug("%r read %d", _NoText(), 3)
+        library.debug("read %d", url)  # (arguments the message does not take: both said, masked)
+        library.debug(_NoText(), url)
         try:
             raise _Unreadable(url)
         except _Unreadable:
@@ -106,19 +111,24 @@ def test_the_request_log_filter_masks_every_record_it_is_given_and_never_raises(
             raise OSError(url)
         except OSError:
             library.debug("", exc_info=sys.exc_info())
+        library.debug("not raised", exc_info=KeyError(url))  # (an error never raised: no traceback)
     finally:
         library.removeHandler(handler)
         library.setLevel(level)
     said = out.getvalue()
     assert "SECRET" not in said, said
     shown = url.replace("SECRET", "***")
-    assert said.splitlines()[:4] == [
+    lines = said.splitlines()
+    assert lines[:4] + lines[5:6] == [
         shown,
         shown,
         "_NoText() read 3",
+        f"read %d (arguments the message does not take: ('{shown}',))",
         "failed (its exception not shown: it could not be masked)",
     ]
-    assert f"url='{shown}'" in said and f"OSError: {shown}" in said
+    unsaid = re.escape(f" (arguments the message does not take: ('{shown}',))")
+    assert re.fullmatch(rf"<\S+\._NoText object at 0x[0-9a-f]+>{unsaid}", lines[4]), lines[4]
+    assert f"url='{shown}'" in said and f"OSError: {shown}" in said and f"KeyError: '{shown}'" in said
 
 
 def test_mask_error_masks_the_redirects_that_the_errors_repr_names() -> None:
@@ -446,3 +456,107 @@ def test_a_remote_files_seek_before_its_start_names_its_path_masked() -> None:
         file.close()
         memory.rm(path)
     assert str(refused.value) == "negative seek position -4 in /h229/ds?a=1&token=***/videos/f.mp4"
+
+
+@pytest.mark.parametrize(
+    ("said", "text", "shown"),
+    [
+        ("masked", "https://h/ds?sig=/S3CR+x=&a=1", "https://h/ds?sig=***&a=1"),  # (base64 may start with '/')
+        ("masked", "https://h/ds?sig=S3CRab&c&x=1", "https://h/ds?sig=***&x=1"),  # (its '&' unescaped, one letter)
+        ("masked", "https://h/ds?token=#frag", "https://h/ds?token=#frag"),  # (empty: nothing to mask)
+        ("masked", "memory://b/ds?token=/meta/info.json", "memory://b/ds?token=/meta/info.json"),
+        ("masked_key", "memory://b/ds?token=S3CR/f.mp4", "memory://b/ds?token=***/f.mp4"),
+        ("masked_key", "file:///b/ds?token=x/f.mp4", "file:///b/ds?token=x/f.mp4"),  # (a local path: no URL)
+        ("without_credentials", "https://u:S3CR@h/ds", "https://h/ds"),  # (no query)
+        ("without_credentials", "s3://b/ds", "s3://b/ds"),
+    ],
+)
+def test_each_text_masks_a_credential_to_its_end_and_shows_the_rest_as_it_was(said: str, text: str, shown: str) -> None:
+    """Spellings the tests above do not name, each told its own way: a credential whose value starts with '/' (as
+    base64's may) or holds an unescaped '&' before one letter masked to its end, an empty one left as it is (no
+    '***' where nothing was), a cache's key (``masked_key``: a local file's path as it is) and a description of a
+    URL without a query. (A mutation pass found each unchecked.)"""
+    from lerobot_dali import url_secrets
+
+    assert getattr(url_secrets, said)(text) == shown
+
+
+def test_mask_error_masks_an_oserrors_file_name_and_leaves_what_names_no_credential_as_it_was() -> None:
+    """An ``OSError``'s file name (``str()`` names it), masked; the URL of aiohttp's ``request_info`` kept as sent
+    (``a=%2F``, not ``a=/``), response headers that name no credential kept as the same object (urllib's
+    ``HTTPError``'s, no mapping, among them: its ``Retry-After`` is what a retry reads), and an error whose
+    ``request_info`` is no aiohttp's masked without raising. (A mutation pass found each unchecked.)"""
+    import email.message
+    import urllib.error
+
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from yarl import URL
+
+    missing = FileNotFoundError(2, "No such file or directory", "/b/ds?token=S3CR/f.mp4")
+    sent = URL("https://h/my%20ds/f.mp4?a=%2F&sig=S3CR", encoded=True)
+    told = CIMultiDictProxy(CIMultiDict({"Retry-After": "3"}))
+    info = aiohttp.RequestInfo(sent, "GET", CIMultiDictProxy(CIMultiDict()), sent)
+    refused = aiohttp.ClientResponseError(info, (), status=503, message="Busy", headers=told)
+    answered = email.message.Message()
+    answered["Retry-After"] = "3"
+    busy = urllib.error.HTTPError("https://h/ds?sig=S3CR", 503, "Busy", answered, None)
+    other = ValueError("https://h/ds?sig=S3CR")
+    other.request_info = ("GET", "https://h/ds")  # type: ignore[attr-defined]
+    for error in (missing, refused, busy, other):
+        assert mask_error(error) is error
+    assert str(missing) == "[Errno 2] No such file or directory: '/b/ds?token=***/f.mp4'" and missing.errno == 2
+    assert str(refused.request_info.url) == "https://h/my%20ds/f.mp4?a=%2F&sig=***" and refused.headers is told
+    assert busy.headers is answered and busy.filename == "https://h/ds?sig=***" and busy.code == 503
+    assert str(other) == "https://h/ds?sig=***"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"a": "1", "sig": "S3CRab&cd=ef"},
+        [("a", "1"), ("sig", "S3CRab&cd=ef")],
+        "a=1&sig=S3CRab%26cd%3Def",  # (a query string: aiohttp takes one)
+    ],
+    ids=["mapping", "pairs", "string"],
+)
+def test_a_requests_credential_holding_an_ampersand_is_masked_whole_however_its_params_are_given(
+    params: Any, monkeypatch: Any
+) -> None:
+    """A credential sent in a request's ``params`` that holds a '&' and a '=' (``S3CRab&cd=ef``): text cannot tell its
+    end, so the value told (:func:`mask_request_logs`) is masked whole, as a mapping, as name-value pairs and as a
+    query string (the mapping alone was checked: a mutation pass read the other two as none, and ``cd=ef`` was
+    shown)."""
+    from lerobot_dali import url_secrets
+
+    monkeypatch.setattr(url_secrets, "_known", ())
+    url_secrets.mask_request_logs(params)
+    assert masked("url='https://h/ds?sig=S3CRab&cd=ef&a=1'") == "url='https://h/ds?sig=***&a=1'"
+
+
+def test_a_path_query_holding_a_credential_masks_every_loggers_records_once(monkeypatch: Any) -> None:
+    """A query kept in a filesystem's paths (:func:`mask_path_logs`) masks every record of the process as it is made
+    (``mask_every_record``), whatever its logger (botocore's here, which no filter masks), and once: a query with no
+    credential sets no record factory, and one told again (each location opened, each worker) wraps none again. The
+    factory was not checked (the tests above set a user's over it): a mutation pass that never set it, set it again on
+    each call, or made no record, passed them."""
+    import logging
+
+    from lerobot_dali import url_secrets
+
+    monkeypatch.setattr(url_secrets, "_known", ())
+    factory = logging.getLogRecordFactory()
+    try:
+        logging.setLogRecordFactory(logging.LogRecord)  # (a user's, or none that masks)
+        url_secrets.mask_path_logs("a=1&page=2")
+        assert logging.getLogRecordFactory() is logging.LogRecord
+        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
+        masking = logging.getLogRecordFactory()
+        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
+        url_secrets.mask_every_record()
+        assert logging.getLogRecordFactory() is masking is not logging.LogRecord
+        path = "memory://b/ds?a=1&token=S3CRab/cd/videos/f.mp4"
+        record = logging.getLogger("botocore.endpoint").makeRecord("botocore.endpoint", logging.DEBUG, __file__, 1,
+            "GET %s", (path,), None)  # fmt: skip
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert record.getMessage() == "GET memory://b/ds?a=1&token=***/videos/f.mp4"

@@ -185,7 +185,13 @@ def test_a_credential_holding_a_delimiter_is_masked_whole_once_its_url_is_opened
 
 def test_a_credential_known_that_begins_another_masks_the_other_whole(no_credential_known: None) -> None:
     """A credential known (its location opened) that begins a longer one in a text (``ab`` of ``abXYZ``, another
-    URL's): masked to the credential known, the rest was shown (2 of 2). Now to the next '&' (a path's '/') after it."""
+    URL's): masked to the credential known, the rest was shown (2 of 2). Now to the next '&' (a path's '/') after it.
+    One known that begins a longer one known (``ab`` of ``ab/cd``, and of ``ab&cd/ef``: a '&', then a '/') gives way
+    to it, masked whole: unchecked before, a mutation pass that tried the shorter first, or did not know the longer,
+    showed ``cd`` or ``ef``."""
     mask_path_logs("token=S3CRab")
     assert masked("memory://b/ds?token=S3CRabXYZ/meta/x.json") == "memory://b/ds?token=***/meta/x.json"
     assert masked("https://h/ds?token=S3CRabXYZ&a=1") == "https://h/ds?token=***&a=1"
+    for query, shown in (("token=S3CRab/cd", "token=***"), ("a=1&token=S3CRab&cd/ef", "a=1&token=***")):
+        mask_path_logs(query)
+        assert masked(f"memory://b/ds?{query}/meta/x.json") == f"memory://b/ds?{shown}/meta/x.json"
