@@ -23,6 +23,7 @@ from lerobot_dali.augment import (
     Normalize,
     RandomAffine,
     RandomResizedCrop,
+    RandomSubset,
     SharpnessJitter,
     augment_frames,
 )
@@ -665,6 +666,41 @@ def test_from_dict_rejects_unknown_and_missing_keys(raw: dict, name: str) -> Non
 def test_bad_values_are_rejected_naming_the_field(make: Callable[[], object], name: str) -> None:
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
         make()
+
+
+def test_normalize_says_what_mean_and_std_must_hold() -> None:
+    """A mean may be any finite number, a std only one > 0: each refusal says its own bound."""
+    with pytest.raises(ValueError, match=r"Normalize\.mean = \(nan,\) is invalid: expected a non-empty list of finite"):
+        Normalize(mean=(math.nan,), std=(1.0,))
+    with pytest.raises(
+        ValueError, match=r"Normalize\.std = \(0\.0,\) is invalid: expected a non-empty list of numbers > 0"
+    ):
+        Normalize(mean=(0.5,), std=(0.0,))
+
+
+@pytest.mark.parametrize(
+    ("config", "fields"),
+    [
+        (RandomResizedCrop, {"size": (8, 8)}),
+        (ColorJitter, {}),
+        (GaussianBlur, {}),
+        (RandomAffine, {}),
+        (SharpnessJitter, {"factor": (0.5, 1.5)}),
+        (RandomSubset, {"max_num_transforms": 1, "weights": {"brightness": 1.0}}),
+        (Normalize, {"mean": (0.5,), "std": (0.5,)}),
+        (AugmentConfig, {}),
+    ],
+)
+def test_every_augment_config_is_frozen_and_takes_keywords_only(config: type, fields: dict[str, Any]) -> None:
+    """A config is checked once, hashed into a checkpoint's signature and sent to every worker: a field set after
+    that would escape all three. Its fields are given by name only: positional values would bind by the fields'
+    order, which changes as fields are added."""
+    made = config(**fields)
+    first = dataclasses.fields(config)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, first, getattr(made, first))
+    with pytest.raises(TypeError, match=r"takes 1 positional argument but 2 were given"):
+        config(getattr(made, first))
 
 
 def test_numpy_numbers_configure_as_python_ones() -> None:
