@@ -13,6 +13,7 @@ them after is clean.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -238,8 +239,8 @@ def mask_error(error: BaseException) -> BaseException:
     """``error`` and the errors behind it (its ``__cause__`` and ``__context__``, and theirs) with the credentials of
     the URLs their text names masked (:func:`masked`), in place, and returned: the URL of aiohttp's ``request_info``
     (``ClientResponseError``'s text), its request headers' credentials and the redirects of its ``history`` (its
-    ``repr``), their messages (``args``; an ``OSError``'s ``strerror`` and file names) and their notes. Their type,
-    status and response headers stay, which the retries' checks read."""
+    ``repr``), their messages (``args``; an ``OSError``'s ``strerror`` and file names; urllib's ``HTTPError``'s ``url``)
+    and their notes. Their type, status and response headers stay, which the retries' checks read."""
     pending, seen = [error], set()
     while pending:
         one = pending.pop()
@@ -277,6 +278,10 @@ def _mask_one(error: BaseException) -> None:
             value = getattr(error, name)
             if isinstance(value, str) and masked(value) != value:
                 setattr(error, name, masked(value))
+    url = getattr(error, "url", None)  # (urllib's HTTPError's, its geturl(): a handler may log it)
+    if isinstance(url, str) and masked(url) != url:
+        with contextlib.suppress(AttributeError):  # (a read-only one: its text is the args' above)
+            error.url = masked(url)  # type: ignore[attr-defined]
     notes = getattr(error, "__notes__", None)
     if isinstance(notes, list) and any(isinstance(n, str) and masked(n) != n for n in notes):
         error.__notes__ = [masked(n) if isinstance(n, str) else n for n in notes]  # type: ignore[attr-defined]

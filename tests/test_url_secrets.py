@@ -507,6 +507,7 @@ def test_mask_error_masks_an_oserrors_file_name_and_leaves_what_names_no_credent
     assert str(missing) == "[Errno 2] No such file or directory: '/b/ds?token=***/f.mp4'" and missing.errno == 2
     assert str(refused.request_info.url) == "https://h/my%20ds/f.mp4?a=%2F&sig=***" and refused.headers is told
     assert busy.headers is answered and busy.filename == "https://h/ds?sig=***" and busy.code == 503
+    assert busy.geturl() == "https://h/ds?sig=***"  # (it kept the secret, where a handler may log it)
     assert str(other) == "https://h/ds?sig=***"
 
 
