@@ -21,6 +21,8 @@ from .errors import FrameTimestampError
 from .wording import counted, first_named
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .camera_codecs import CameraSurvey, FileFormat
     from .dataset_reader import LeRobotDatasetReader
     from .frame_lookup import TimestampSource
@@ -81,7 +83,8 @@ def check_file_timing(
     ]
     if odd_rate:
         raise FrameTimestampError(_rate_refusal(survey, odd_rate, fps))
-    check_rows_fit_parts(reader, survey.camera, unread_tail=unread_tail)
+    rates = {path: f.rate for path, f in survey.formats.items() if f.rate is not None}
+    check_rows_fit_parts(reader, survey.camera, unread_tail=unread_tail, rates=rates)
     files = reader.episodes.cameras[survey.camera]
     lasts = np.flatnonzero(np.isnan(files.next_from_timestamp_s))  # (each file's last episode, of those read)
     short = []
@@ -101,25 +104,37 @@ def check_file_timing(
         raise FrameTimestampError(_end_refusal(reader, survey.camera, short, fps, unread_tail))
 
 
-def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_tail: int = 0) -> None:
+def check_rows_fit_parts(
+    reader: LeRobotDatasetReader, camera: str, *, unread_tail: int = 0, rates: Mapping[str, float] | None = None
+) -> None:
     """Raise FrameTimestampError (as the lookup did when a batch reached the row) naming the first of ``reader``'s
     episodes whose rows run past its part of its ``camera`` file into the next episode's: its last row, at
-    ``from_timestamp + (length - 1) / fps``, lies less than half a frame (at the faster of the rows' and the declared
-    video rate) before the next episode's start, so that row would read the next episode's frame (``unread_tail``: the
-    rows at its end whose frames no sample reads, left out). A file's last episode is held to the file's end instead
-    (:func:`check_file_timing`)."""
+    ``from_timestamp + (length - 1) / fps``, lies less than half a frame before the next episode's start, so that row
+    would read the next episode's frame (``unread_tail``: the rows at its end whose frames no sample reads, left out).
+    A file's last episode is held to the file's end instead (:func:`check_file_timing`).
+
+    Half a frame is at the file's own rate where ``rates`` (path -> frames a second, from the files' headers) holds
+    it, as the lookup measures it on the file's frames: info.json's ``video.fps`` may be wrong (r1_v30_h264 declares
+    10 for 25 fps files), too slow refusing rows that read their own frames, too fast passing rows that a batch then
+    fails on. A file not surveyed is held to the faster of the rows' rate and the declared one."""
     fps, table = reader.fps, reader.episodes
     files = table.cameras[camera]
-    half_frame_s = 0.5 / max(fps, reader.info.features[camera].declared_fps or fps)
     read = table.length - unread_tail  # (rows whose frames a sample reads)
     last_s = files.from_timestamp_s + (read - 1) / fps
-    over = (read > 0) & (last_s > files.next_from_timestamp_s - half_frame_s)  # (NaN, a file's last: False)
+    ahead_s = files.next_from_timestamp_s - last_s  # (NaN, a file's last: compares False)
+    # Half a frame is at most the rows' (a file within RATE_SLACK of them, or faster): only episodes within it of
+    # the next one's start look up their file's rate.
+    over = (read > 0) & (ahead_s < 0.5 / (fps * (1 - RATE_SLACK)))
+    half_frame_s = np.zeros(len(read))
+    for pos in np.flatnonzero(over).tolist():
+        half_frame_s[pos] = _half_frame_s(reader, camera, pos, rates or {})
+    over &= ahead_s < half_frame_s
     if not over.any():
         return
     pos = int(np.flatnonzero(over)[0])
     episode, length = int(table.episode_index[pos]), int(table.length[pos])
     start, end = float(files.from_timestamp_s[pos]), float(files.next_from_timestamp_s[pos])
-    past = max(1, int(read[pos]) - int(np.floor((end - half_frame_s - start) * fps)) - 1)
+    past = max(1, int(read[pos]) - int(np.floor((end - half_frame_s[pos] - start) * fps)) - 1)
     more = f" ({int(over.sum())} episodes in all)" if over.sum() > 1 else ""
     raise FrameTimestampError(
         f"{reader.source_of(pos)}: camera {camera!r}: episode {episode}'s rows run past its part of "
@@ -129,6 +144,15 @@ def check_rows_fit_parts(reader: LeRobotDatasetReader, camera: str, *, unread_ta
         f"{' read' if unread_tail else ''} would read that episode's frames. "
         f"{_wrong_start(reader, camera, pos, past, end_s=float(last_s[pos]) + 1 / fps)}"
     )
+
+
+def _half_frame_s(reader: LeRobotDatasetReader, camera: str, pos: int, rates: Mapping[str, float]) -> float:
+    """Half a frame of episode ``pos``'s ``camera`` file: at its rate in ``rates``, else at the faster of the rows'
+    and info.json's declared one."""
+    rate = rates.get(reader.video(pos, camera).path)
+    if rate is None:
+        rate = max(reader.fps, reader.info.features[camera].declared_fps or reader.fps)
+    return 0.5 / rate
 
 
 def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int, *, end_s: float) -> str:

@@ -4,6 +4,7 @@ and the values; before, they failed when a batch first reached such a row, maybe
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from lerobot_dali.file_timing import check_file_timing, check_rows_fit_parts
 from lerobot_dali.frame_lookup import ITERATORS_LOOKUP, TimestampSource
 from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index_store import PacketIndexStore
+from tests.video_fixtures import reference_frames
 
 FPS = 10
 CAM = "observation.images.cam0"
@@ -173,6 +175,52 @@ def test_an_episode_whose_next_starts_too_early_is_refused_when_built(
         f"from_timestamp in meta/episodes is most likely {frames} early (0.800000 s, where these rows end; this one "
         f"cannot start earlier): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out with "
         "episodes=[...]"
+    )
+    _refused_when_built(root, said, episodes=[0, 2])
+
+
+def _declare_video_fps(root: Path, fps: float) -> None:
+    info = json.loads((root / "meta/info.json").read_text())
+    info["features"][CAM]["info"]["video.fps"] = fps
+    (root / "meta/info.json").write_text(json.dumps(info))
+
+
+def test_rows_over_a_faster_file_are_held_to_half_its_frame_not_the_declared_rate(make_ds, copy_ds) -> None:
+    """file-001 written again at 30 fps (each frame three times: 3 a row), info.json still declaring 10 (as
+    r1_v30_h264 declares 10 for 25 fps files), episode 3 from one 30 fps frame after episode 2's last row (0.7 s,
+    22 / 30 s): that row reads its own frame, half a file frame before the next episode's first. Held to half a
+    frame at the declared 10 fps it was refused when built; each row reads the frame of the file at its time."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    with av.open(str(root / ODD)) as container:
+        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
+    encode_video(root / ODD, [frames[k // 3] for k in range(48)], fps=30, codec="h264", gop=4)
+    _set_from_timestamp(root, 3, 22 / 30)
+    shown = [frame for _, frame in sorted(reference_frames(root / ODD).items())]
+    it = _build(root, episodes=[2, 3], shuffle=False, return_uint8=True)
+    try:
+        samples = [
+            (int(e), int(f), frame.permute(1, 2, 0).numpy())
+            for batch in it
+            for e, f, frame in zip(batch["episode_index"], batch["frame_index"], batch[CAM], strict=True)
+        ]
+    finally:
+        it.close()
+    assert [(e, f) for e, f, _ in samples] == [(e, f) for e in (2, 3) for f in range(8)]
+    for episode, row, frame in samples:
+        np.testing.assert_array_equal(frame, shown[3 * row + (22 if episode == 3 else 0)])
+
+
+def test_rows_are_held_to_half_a_frame_of_their_file_though_a_faster_rate_is_declared(make_ds, copy_ds) -> None:
+    """info.json declaring 30 fps for 10 fps files: episode 3's from_timestamp 0.06 s early (0.74 s), episode 2's
+    last row at 0.7 s lies 0.04 s before it, within half a 10 fps frame, so a batch reading that row failed; held to
+    half a 30 fps frame (0.017 s), the build passed it."""
+    root = copy_ds(make_ds(**SPEC, codec="h264"))
+    _declare_video_fps(root, 30)
+    _set_from_timestamp(root, 3, 0.74)
+    said = (
+        f"{root}: camera '{CAM}': episode 2's rows run past its part of {root / ODD}: its 8 rows at 10 fps from its "
+        "from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at 0.740000 s (its "
+        "from_timestamp), so its last row would read that episode's frames."
     )
     _refused_when_built(root, said, episodes=[0, 2])
 
