@@ -19,6 +19,7 @@ from .depth_maps import DepthQuantizer, is_depth_map
 from .errors import DatasetError, InvalidPathTemplateError, UnsupportedVersionError
 from .file_timing import RATE_SLACK
 from .value_checks import whole_number
+from .video_encoding import CODEC_OF_ENCODER
 
 __all__ = [
     "INDEX_COLUMNS",
@@ -35,10 +36,11 @@ __all__ = [
 SUPPORTED_VERSIONS = ("v2.0", "v2.1", "v3.0")
 #: Encoders' names some writers put in ``video.codec`` for the codec they write (FFmpeg's codec names otherwise).
 _CODEC_OF_ENCODER = {
-    "libsvtav1": "av1", "libaom-av1": "av1", "librav1e": "av1", "av1_nvenc": "av1",
-    "libx264": "h264", "h264_nvenc": "h264", "avc": "h264",
-    "libx265": "hevc", "hevc_nvenc": "hevc", "h265": "hevc",
-    "libvpx-vp9": "vp9", "libvpx": "vp8",
+    **CODEC_OF_ENCODER,
+    "libaom-av1": "av1", "librav1e": "av1", "av1_nvenc": "av1",
+    "h264_nvenc": "h264", "avc": "h264",
+    "hevc_nvenc": "hevc", "h265": "hevc",
+    "libvpx": "vp8",
 }  # fmt: skip
 #: Columns LeRobot batches for every dataset, one value per frame; ``frame_index`` is derived when a dataset omits it.
 INDEX_COLUMNS = ("index", "episode_index", "frame_index", "timestamp", "task_index")

@@ -10,6 +10,7 @@ from lerobot_dali.value_checks import is_int
 
 __all__ = [
     "CODECS",
+    "CODEC_OF_ENCODER",
     "DEFAULT_CRF",
     "LONG_GOP_FRAMES",
     "SVTAV1_PARAMS",
@@ -58,6 +59,9 @@ LONG_GOP_FRAMES = 16
 
 CODECS: tuple[str, ...] = tuple(_CODEC_SPECS)
 """Codec names accepted by :func:`encoder_settings` (and so by ``encode_video``, ``make_dataset``, ``reencode``)."""
+
+CODEC_OF_ENCODER: dict[str, str] = {spec.encoder: name for name, spec in _CODEC_SPECS.items()}
+"""The codec each of the encoders above writes (``libsvtav1`` -> ``av1``)."""
 
 DEFAULT_CRF: dict[str, int] = {name: spec.default_crf for name, spec in _CODEC_SPECS.items()}
 """Each codec's quality where none is given (what ``reencode --help`` lists)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-__all__ = ["NAMED", "counted", "first_named", "plural"]
+__all__ = ["counted", "first_named", "plural"]
 
 #: How many items a message names before it only counts the others ("(and 3 more files)").
-NAMED = 5
+_NAMED = 5
 
 
 def plural(unit: str) -> str:
@@ -23,7 +23,7 @@ def counted(count: int, unit: str) -> str:
 
 
 def first_named(names: Iterable[str], count: int, unit: str) -> str:
-    """The first :data:`NAMED` of ``names`` (of ``count`` in all; only those are taken) joined by ``"; "``, and how
+    """The first :data:`_NAMED` of ``names`` (of ``count`` in all; only those are taken) joined by ``"; "``, and how
     many more (``" (and 3 more files)"``): a refusal of thousands of files stays readable, and says how many."""
-    said = "; ".join(itertools.islice(names, NAMED))
-    return said + (f" (and {counted(count - NAMED, f'more {unit}')})" if count > NAMED else "")
+    said = "; ".join(itertools.islice(names, _NAMED))
+    return said + (f" (and {counted(count - _NAMED, f'more {unit}')})" if count > _NAMED else "")

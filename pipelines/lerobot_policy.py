@@ -386,8 +386,7 @@ def _train_as(accelerator: Any, rank: int, world_size: int, options: PolicyTrain
         # A Hub dataset's metadata downloads once, then the others read it; a local one's every rank reads at once,
         # as train.py's ranks open theirs: an error in the policy's build (its weights' download) is then each rank's
         # line, where the ranks that had waited were killed by torchrun (-15) as the first one exited.
-        local = Path(options.dataset).is_dir()
-        with contextlib.nullcontext() if local else accelerator.main_process_first():
+        with contextlib.nullcontext() if reader.location.is_local else accelerator.main_process_first():
             metadata = with_cameras(dataset_metadata(options.dataset, options.revision), options.cameras)
         policy, preprocessor, delta_timestamps = build_policy(options, metadata, accelerator.device.type)
         augment = policy_augment(options)
