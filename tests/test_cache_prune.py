@@ -416,12 +416,14 @@ def test_a_rank_finding_its_slot_locked_by_a_sweep_waits_for_it(tmp_path: Path, 
     cache.close()
 
 
-def test_a_slot_another_run_holds_is_tried_once_where_no_sweep_may_hold_it(tmp_path: Path, monkeypatch) -> None:
-    """A slot's lock held where the slot was used lately (a live run's, no sweep's) is busy at the first try: only an
-    old slot's lock is tried again (a sweep's, held for an instant), so a run looking for a free slot among others'
-    does not retry each of them."""
+@pytest.mark.parametrize("days", ["7", "0"])
+def test_a_slot_another_run_holds_is_tried_once_where_no_sweep_may_hold_it(tmp_path: Path, monkeypatch, days) -> None:
+    """A slot's lock held where the slot was used lately (a live run's, no sweep's), or where sweeps are off
+    (``LEROBOT_DALI_CACHE_DAYS=0``), is busy at the first try: only an old slot's lock is tried again (a sweep's,
+    held for an instant), so a run looking for a free slot among others' does not retry each of them."""
     from lerobot_dali import range_cache
 
+    monkeypatch.setenv(CACHE_DAYS_ENV, days)
     slot, real, tries = tmp_path / "dataset" / "rank-0", range_cache.try_flock, []
     held = RangeCache(slot, max_bytes=1000)
 

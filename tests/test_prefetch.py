@@ -483,6 +483,23 @@ def test_a_released_range_taken_again_is_not_evicted_while_held(tmp_path: Path) 
     assert (start, end, file.read_bytes()) == (0, 600, blob[:600])
 
 
+def test_a_released_range_taken_again_is_evictable_once_its_new_owner_releases_it(tmp_path: Path) -> None:
+    """The owner that reused a released entry holds it until its own release, then lets it go like one it fetched:
+    room made for another range evicts it, not kept held for an owner gone."""
+    blob = random.Random(24).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    taken = ByteRange("p", 0, 600)
+    cache.acquire("a", [taken], _fetcher(blob, []))
+    cache.release("a")
+    cache.acquire("b", [taken], _fetcher(blob, []))  # reused
+    assert cache.owners() == ["b"]
+    cache.release("b")
+    assert cache.owners() == []
+    cache.acquire("c", [ByteRange("q", 0, 800)], _fetcher(blob, []))
+    assert not cache.holds(taken) and cache.stats.evicted_ranges == 1 and cache.stats.refused_ranges == 0
+    assert cache.bytes_cached == 800 == _disk_bytes(tmp_path)
+
+
 def test_a_range_stays_held_by_the_owner_that_fetched_it_when_a_sharer_releases_it(tmp_path: Path) -> None:
     """The owner that fetched a range holds it as much as one that reused it: the sharer's release leaves it held, so
     room made for another range does not evict it."""
@@ -644,6 +661,24 @@ def test_an_unlabelled_folder_an_earlier_run_left_goes_without_a_warning(tmp_pat
     with caplog.at_level("WARNING", logger="lerobot_dali.range_cache"):
         cache = RangeCache(tmp_path, max_bytes=1000)
     assert not unlabelled.exists() and cache.bytes_cached == 0 and caplog.text == ""
+
+
+def test_a_released_entry_whose_file_vanished_is_evicted_without_an_error(tmp_path: Path) -> None:
+    """An entry's file deleted behind the cache's back (by hand, a tmp cleaner) is evicted like any other when room
+    is needed, or by clear(): no FileNotFoundError out of acquire (a prefetch failed), and the bytes it counted are
+    freed."""
+    blob = random.Random(25).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    gone = ByteRange("p", 0, 600)
+    cache.acquire("a", [gone], _fetcher(blob, []))
+    cache.release("a")
+    _entry_file(tmp_path, gone).unlink()
+    calls: list[ByteRange] = []
+    assert cache.acquire("b", [ByteRange("q", 0, 800)], _fetcher(blob, calls)) == 800 and len(calls) == 1
+    assert not cache.holds(gone) and cache.stats.evicted_ranges == 1 and cache.bytes_cached == 800
+    _entry_file(tmp_path, ByteRange("q", 0, 800)).unlink()  # held, and gone too: clear() deletes the rest
+    cache.clear()
+    assert cache.bytes_cached == 0 == _disk_bytes(tmp_path)
 
 
 # -- read-through files -------------------------------------------------------------------------------------
