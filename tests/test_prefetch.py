@@ -663,6 +663,38 @@ def test_an_unlabelled_folder_an_earlier_run_left_goes_without_a_warning(tmp_pat
     assert not unlabelled.exists() and cache.bytes_cached == 0 and caplog.text == ""
 
 
+def test_after_clear_eviction_counts_only_the_entries_released_since(tmp_path: Path) -> None:
+    """clear() forgets the released entries too: none counted as evictable that is gone (a range that cannot fit
+    evicted the others before its refusal), none evicted that is held again since (the held range's file deleted)."""
+    blob = random.Random(26).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    held, released = ByteRange("p", 0, 100), ByteRange("p", 100, 200)
+    cache.acquire("a", [held, released], _fetcher(blob, []))
+    cache.release("a")
+    cache.clear()
+    cache.acquire("c", [held, released], _fetcher(blob, []))  # held again: 200
+    cache.acquire("d", [ByteRange("q", 0, 500)], _fetcher(blob, []))
+    evictable = ByteRange("q", 500, 800)
+    cache.acquire("e", [evictable], _fetcher(blob, []))
+    cache.release("e")  # 1000 cached, 300 evictable
+    cache.acquire("f", [ByteRange("r", 0, 400)], _fetcher(blob, []))  # 700 held + 400: refused
+    assert cache.stats.refused_ranges == 1 and cache.stats.evicted_ranges == 0 and cache.holds(evictable)
+    cache.acquire("g", [ByteRange("r", 0, 300)], _fetcher(blob, []))  # fits once `evictable` goes
+    assert cache.stats.evicted_ranges == 1 and not cache.holds(evictable)
+    assert cache.holds(held) and cache.holds(released) and cache.bytes_cached == 1000 == _disk_bytes(tmp_path)
+
+
+def test_a_run_adopting_an_earlier_runs_entries_says_how_many(tmp_path: Path, caplog) -> None:
+    """The one line telling a restart starts warm: the ranges and bytes adopted; a cache adopting none says nothing."""
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        first = RangeCache(tmp_path, max_bytes=1000)
+        first.acquire("a", [ByteRange("p", 0, 100), ByteRange("p", 100, 300)], _fetcher(bytes(300), []))
+        first.close()
+        assert "adopted" not in caplog.text
+        RangeCache(tmp_path, max_bytes=1000).close()
+    assert f"prefetch cache {tmp_path}: adopted 2 range(s), 300 bytes" in caplog.text
+
+
 def test_a_released_entry_whose_file_vanished_is_evicted_without_an_error(tmp_path: Path) -> None:
     """An entry's file deleted behind the cache's back (by hand, a tmp cleaner) is evicted like any other when room
     is needed, or by clear(): no FileNotFoundError out of acquire (a prefetch failed), and the bytes it counted are
