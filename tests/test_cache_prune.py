@@ -35,7 +35,7 @@ from lerobot_dali.file_stamps import FileStamp
 from lerobot_dali.new_folder import host_name
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.packet_index_store import PacketIndexStore
-from lerobot_dali.range_cache import ByteRange, RangeCache, prune_unused_slots
+from lerobot_dali.range_cache import ByteRange, CacheBusyError, RangeCache, prune_unused_slots
 from tests.foreign_folder import not_writable
 from tests.video_fixtures import MarkerVideo
 
@@ -414,6 +414,28 @@ def test_a_rank_finding_its_slot_locked_by_a_sweep_waits_for_it(tmp_path: Path, 
     assert cache.directory == slot and cache.bytes_cached == 0
     assert sorted(p.name for p in slot.parent.iterdir()) == ["rank-3"]
     cache.close()
+
+
+@pytest.mark.parametrize("days", ["7", "0"])
+def test_a_slot_another_run_holds_is_tried_once_where_no_sweep_may_hold_it(tmp_path: Path, monkeypatch, days) -> None:
+    """A slot's lock held where the slot was used lately (a live run's, no sweep's), or where sweeps are off
+    (``LEROBOT_DALI_CACHE_DAYS=0``), is busy at the first try: only an old slot's lock is tried again (a sweep's,
+    held for an instant), so a run looking for a free slot among others' does not retry each of them."""
+    from lerobot_dali import range_cache
+
+    monkeypatch.setenv(CACHE_DAYS_ENV, days)
+    slot, real, tries = tmp_path / "dataset" / "rank-0", range_cache.try_flock, []
+    held = RangeCache(slot, max_bytes=1000)
+
+    def counted(path: Path):
+        tries.append(path)
+        return real(path)
+
+    monkeypatch.setattr(range_cache, "try_flock", counted)
+    with pytest.raises(CacheBusyError, match="held by another prefetch cache"):
+        RangeCache(slot, max_bytes=1000)
+    assert tries == [slot / ".lock"]
+    held.close()
 
 
 def test_a_slot_moved_aside_while_a_rank_makes_it_is_made_again(tmp_path: Path, monkeypatch) -> None:

@@ -388,3 +388,63 @@ def test_narrowing_several_datasets_to_a_camera_one_lacks_tells_the_maps_one_alo
     with pytest.raises(DatasetError) as caught:
         shared_selection([reader], cameras=[TOP], keys=None)
     assert "rename_map" not in str(caught.value), caught.value
+
+
+def test_a_reversal_that_would_rename_away_a_camera_asked_for_is_not_told(cameras2) -> None:
+    """Both datasets opened for cameras=['cam0'], a map ``{side: cam0}`` (no key named 'side'): reversed,
+    ``{cam0: side}`` would leave them no 'cam0' for those cameras, so rename_maps_for tells no reversal, the map one
+    for all or one per dataset; read for any cameras (None) it tells it. Without ``cameras=`` handed on to the check
+    of the map (KeyRename.checked, each reader's), or of its reversal (one map for all), it was told."""
+    from lerobot_dali.key_rename import rename_maps_for
+
+    readers = [open_dataset(cameras2, cameras=[CAM0]) for _ in range(2)]
+    for rename_map in ({SIDE: CAM0}, [None, {SIDE: CAM0}]):
+        with pytest.raises(RenameMapError) as caught:
+            rename_maps_for(rename_map, readers, cameras=[CAM0])
+        assert str(caught.value).endswith("its values the batches' names"), caught.value
+        with pytest.raises(RenameMapError, match=re.escape(f'other way round: pass {{"{CAM0}": "{SIDE}"}}')):
+            rename_maps_for(rename_map, readers)
+
+
+def test_narrowing_to_a_camera_none_has_beside_a_spare_feature_tells_cameras_for_it(cameras2) -> None:
+    """shared_selection over two datasets, cameras=['top'] and keys=['action'] (their 'observation.state' left
+    spare): the maps told give 'top' to one of their cameras, never to the spare feature."""
+    from lerobot_dali.key_rename import shared_selection
+
+    reader = open_dataset(cameras2)
+    assert "observation.state" in reader.tabular_keys
+    with pytest.raises(DatasetError) as caught:
+        shared_selection([reader, reader], cameras=[TOP], keys=["action"])
+    assert _maps_told(caught.value) == [{CAM0: TOP}, {CAM1: TOP}]
+
+
+def test_a_feature_none_has_is_told_the_spare_features_not_the_index_columns(cameras2) -> None:
+    """shared_selection over two datasets, keys=['observation.joints'] (neither has it): the maps told give it one of
+    their features left unread, 'observation.state' or 'action'; never a column every batch carries ('timestamp',
+    'index', ...), nor a key already read."""
+    from lerobot_dali.key_rename import shared_selection
+
+    reader = open_dataset(cameras2)
+    joints = "observation.joints"
+    with pytest.raises(DatasetError) as caught:
+        shared_selection([reader, reader], cameras=[CAM0], keys=[joints])
+    assert _maps_told(caught.value) == [{"observation.state": joints}, {"action": joints}]
+
+
+def test_a_dataset_with_no_spare_key_of_a_kind_says_which_kind_it_lacks(cameras2) -> None:
+    """shared_selection over two datasets asking for a camera (or a feature) beside every one they have: none of that
+    kind is left to rename, which the refusal says naming the kind, cameras or features."""
+    from lerobot_dali.key_rename import shared_selection
+
+    reader = open_dataset(cameras2)
+    joints = "observation.joints"
+    for cameras, keys, lacking, kind in (
+        ([CAM0, CAM1, TOP], None, TOP, "cameras"),
+        (None, ["observation.state", "action", joints], joints, "features"),
+    ):
+        with pytest.raises(DatasetError) as caught:
+            shared_selection([reader, reader], cameras=cameras, keys=keys)
+        assert str(caught.value).endswith(
+            f"; it lacks ['{lacking}'] and has none of its {kind} left to give those names: no rename_map gives it "
+            "them all"
+        ), caught.value

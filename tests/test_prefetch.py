@@ -208,6 +208,20 @@ def test_a_cache_directory_has_one_writer_and_a_second_run_takes_a_sibling_slot(
     assert again.directory == tmp_path / "rank-0" and again.bytes_cached == 100
 
 
+def test_a_run_taking_a_sibling_slot_says_so_and_one_taking_its_own_says_nothing(tmp_path: Path, caplog) -> None:
+    """A run whose slot another run holds starts cold in a sibling: it logs which one, the only sign of why its
+    cache is cold; a run in its own slot logs no such line."""
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        first = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=1000)
+        assert "in use by another run" not in caplog.text
+        second = RangeCache.open_free_slot(tmp_path / "rank-0", max_bytes=1000)
+    assert (
+        f"prefetch cache {tmp_path / 'rank-0'} is in use by another run; using {tmp_path / 'rank-0.1'}" in caplog.text
+    )
+    first.close()
+    second.close()
+
+
 def test_a_child_forked_while_a_cache_holds_its_directory_leaves_it_to_the_parent(tmp_path: Path) -> None:
     """A ``flock`` belongs to the open file, which a fork shares: while a child forked meanwhile lived (a fork-based
     DataLoader, a helper process), the parent's close let the directory go to no one, and the parent's next cache took
@@ -469,6 +483,23 @@ def test_a_released_range_taken_again_is_not_evicted_while_held(tmp_path: Path) 
     assert (start, end, file.read_bytes()) == (0, 600, blob[:600])
 
 
+def test_a_released_range_taken_again_is_evictable_once_its_new_owner_releases_it(tmp_path: Path) -> None:
+    """The owner that reused a released entry holds it until its own release, then lets it go like one it fetched:
+    room made for another range evicts it, not kept held for an owner gone."""
+    blob = random.Random(24).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    taken = ByteRange("p", 0, 600)
+    cache.acquire("a", [taken], _fetcher(blob, []))
+    cache.release("a")
+    cache.acquire("b", [taken], _fetcher(blob, []))  # reused
+    assert cache.owners() == ["b"]
+    cache.release("b")
+    assert cache.owners() == []
+    cache.acquire("c", [ByteRange("q", 0, 800)], _fetcher(blob, []))
+    assert not cache.holds(taken) and cache.stats.evicted_ranges == 1 and cache.stats.refused_ranges == 0
+    assert cache.bytes_cached == 800 == _disk_bytes(tmp_path)
+
+
 def test_a_range_stays_held_by_the_owner_that_fetched_it_when_a_sharer_releases_it(tmp_path: Path) -> None:
     """The owner that fetched a range holds it as much as one that reused it: the sharer's release leaves it held, so
     room made for another range does not evict it."""
@@ -549,6 +580,137 @@ def test_an_earlier_runs_entry_cut_short_is_deleted_and_fetched_again(tmp_path: 
     assert second.acquire("b", keys, _fetcher(blob, calls)) == 2000 and calls == [keys[1]]
     readable = [(a, b, f.read_bytes()) for a, b, f in list_entries(entry_dir(tmp_path, "p", "v1"))]
     assert readable == [(0, 1000, blob[:1000]), (1000, 3000, blob[1000:])]
+
+
+def test_a_file_named_as_an_entry_but_for_its_suffix_is_no_entry(tmp_path: Path) -> None:
+    """Only ``<start>-<end>-<crc32>.bin`` is an entry readers may read: a file that differs in its suffix alone (a
+    copy another tool left, ``.bak``) is not listed, and the next run deletes it rather than adopting it, whatever
+    its bytes and checksum."""
+    blob = bytes(range(100))
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, []))
+    folder = entry_dir(tmp_path, "p", "v1")
+    odd = folder / f"100-200-{zlib.crc32(blob):08x}.bak"
+    odd.write_bytes(blob)
+    assert [(start, end) for start, end, _ in list_entries(folder)] == [(0, 100)]
+    first.close()
+    second = RangeCache(tmp_path, max_bytes=1000)
+    assert not odd.exists() and second.bytes_cached == 100
+    assert sorted(p.name for p in folder.iterdir()) == [f"0-100-{zlib.crc32(blob):08x}.adopted", "path"]
+
+
+def test_clear_deletes_every_entry_held_or_released_and_the_next_acquire_fetches_again(tmp_path: Path) -> None:
+    """clear() (a test stalls a prefetch with it) leaves no entry on disk, held or released, nor one the cache
+    counts: readers find none, and the next acquire of those ranges fetches them again."""
+    blob = bytes(range(200))
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    held, released = ByteRange("p", 0, 100), ByteRange("p", 100, 200)
+    cache.acquire("a", [held], _fetcher(blob, []))
+    cache.acquire("b", [released], _fetcher(blob, []))
+    cache.release("b")
+    cache.clear()
+    assert not cache.holds(held) and not cache.holds(released) and cache.owners() == []
+    assert cache.bytes_cached == 0 == _disk_bytes(tmp_path) and list_entries(entry_dir(tmp_path, "p")) == []
+    calls: list[ByteRange] = []
+    assert cache.acquire("c", [held, released], _fetcher(blob, calls)) == 200 and calls == [held, released]
+    assert cache.bytes_cached == 200 == _disk_bytes(tmp_path)
+
+
+def test_range_cache_stats_count_each_range_and_byte_fetched_reused_evicted_and_refused(tmp_path: Path) -> None:
+    """``prefetcher.stats`` counts what the cache did, range by range and byte by byte: what a run reports of its
+    requests saved and its disk churn."""
+    blob = random.Random(22).randbytes(2000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    old, kept = ByteRange("p", 0, 300), ByteRange("p", 300, 700)
+    cache.acquire("a", [old, kept], _fetcher(blob, []))
+    cache.release("a")
+    cache.acquire("b", [kept], _fetcher(blob, []))  # reused
+    cache.acquire("c", [ByteRange("q", 0, 500)], _fetcher(blob, []))  # evicts `old` (300 bytes)
+    cache.acquire("d", [ByteRange("r", 0, 200)], _fetcher(blob, []))  # held ones fill the cache: refused
+    assert dataclasses.asdict(cache.stats) == {
+        "fetched_ranges": 3, "fetched_bytes": 1200, "reused_ranges": 1, "evicted_ranges": 1, "evicted_bytes": 300,
+        "refused_ranges": 1,
+    }  # fmt: skip
+    assert cache.bytes_cached == 900 == _disk_bytes(tmp_path)
+
+
+def test_a_released_range_taken_again_no_longer_counts_as_evictable(tmp_path: Path) -> None:
+    """A released entry reused leaves the bytes that evicting could free: a range that does not fit beside the held
+    ones afterwards is refused evicting nothing, not after evicting the released entries for room counted twice."""
+    blob = random.Random(23).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    taken = ByteRange("p", 0, 400)
+    cache.acquire("a", [taken], _fetcher(blob, []))
+    cache.release("a")
+    cache.acquire("b", [taken], _fetcher(blob, []))  # reused: held again
+    released = ByteRange("q", 0, 300)
+    cache.acquire("c", [released], _fetcher(blob, []))
+    cache.release("c")  # 700 cached, 300 of them evictable
+    cache.acquire("d", [ByteRange("r", 0, 700)], _fetcher(blob, []))  # 400 held + 700 > 1000
+    assert cache.stats.refused_ranges == 1 and cache.stats.evicted_ranges == 0 and cache.holds(released)
+    assert cache.bytes_cached == 700 == _disk_bytes(tmp_path)
+
+
+def test_an_unlabelled_folder_an_earlier_run_left_goes_without_a_warning(tmp_path: Path, caplog) -> None:
+    """A folder without its label (a run killed as it made it) is deleted with whatever it holds, as a crash's
+    leftover, not warned of as a folder whose label names another."""
+    RangeCache(tmp_path, max_bytes=1000).close()
+    unlabelled = entry_dir(tmp_path, "q", "v1")
+    unlabelled.mkdir()
+    (unlabelled / "0-10-00000000.bin").write_bytes(bytes(10))
+    with caplog.at_level("WARNING", logger="lerobot_dali.range_cache"):
+        cache = RangeCache(tmp_path, max_bytes=1000)
+    assert not unlabelled.exists() and cache.bytes_cached == 0 and caplog.text == ""
+
+
+def test_after_clear_eviction_counts_only_the_entries_released_since(tmp_path: Path) -> None:
+    """clear() forgets the released entries too: none counted as evictable that is gone (a range that cannot fit
+    evicted the others before its refusal), none evicted that is held again since (the held range's file deleted)."""
+    blob = random.Random(26).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    held, released = ByteRange("p", 0, 100), ByteRange("p", 100, 200)
+    cache.acquire("a", [held, released], _fetcher(blob, []))
+    cache.release("a")
+    cache.clear()
+    cache.acquire("c", [held, released], _fetcher(blob, []))  # held again: 200
+    cache.acquire("d", [ByteRange("q", 0, 500)], _fetcher(blob, []))
+    evictable = ByteRange("q", 500, 800)
+    cache.acquire("e", [evictable], _fetcher(blob, []))
+    cache.release("e")  # 1000 cached, 300 evictable
+    cache.acquire("f", [ByteRange("r", 0, 400)], _fetcher(blob, []))  # 700 held + 400: refused
+    assert cache.stats.refused_ranges == 1 and cache.stats.evicted_ranges == 0 and cache.holds(evictable)
+    cache.acquire("g", [ByteRange("r", 0, 300)], _fetcher(blob, []))  # fits once `evictable` goes
+    assert cache.stats.evicted_ranges == 1 and not cache.holds(evictable)
+    assert cache.holds(held) and cache.holds(released) and cache.bytes_cached == 1000 == _disk_bytes(tmp_path)
+
+
+def test_a_run_adopting_an_earlier_runs_entries_says_how_many(tmp_path: Path, caplog) -> None:
+    """The one line telling a restart starts warm: the ranges and bytes adopted; a cache adopting none says nothing."""
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        first = RangeCache(tmp_path, max_bytes=1000)
+        first.acquire("a", [ByteRange("p", 0, 100), ByteRange("p", 100, 300)], _fetcher(bytes(300), []))
+        first.close()
+        assert "adopted" not in caplog.text
+        RangeCache(tmp_path, max_bytes=1000).close()
+    assert f"prefetch cache {tmp_path}: adopted 2 range(s), 300 bytes" in caplog.text
+
+
+def test_a_released_entry_whose_file_vanished_is_evicted_without_an_error(tmp_path: Path) -> None:
+    """An entry's file deleted behind the cache's back (by hand, a tmp cleaner) is evicted like any other when room
+    is needed, or by clear(): no FileNotFoundError out of acquire (a prefetch failed), and the bytes it counted are
+    freed."""
+    blob = random.Random(25).randbytes(1000)
+    cache = RangeCache(tmp_path, max_bytes=1000)
+    gone = ByteRange("p", 0, 600)
+    cache.acquire("a", [gone], _fetcher(blob, []))
+    cache.release("a")
+    _entry_file(tmp_path, gone).unlink()
+    calls: list[ByteRange] = []
+    assert cache.acquire("b", [ByteRange("q", 0, 800)], _fetcher(blob, calls)) == 800 and len(calls) == 1
+    assert not cache.holds(gone) and cache.stats.evicted_ranges == 1 and cache.bytes_cached == 800
+    _entry_file(tmp_path, ByteRange("q", 0, 800)).unlink()  # held, and gone too: clear() deletes the rest
+    cache.clear()
+    assert cache.bytes_cached == 0 == _disk_bytes(tmp_path)
 
 
 # -- read-through files -------------------------------------------------------------------------------------
