@@ -429,7 +429,7 @@ class RangeCache:
                 continue
             label = folder / "path"
             for leftover in folder.glob(".*.tmp") if label.is_file() else folder.iterdir():
-                leftover.unlink(missing_ok=True)
+                _delete(leftover)
             if not label.is_file():
                 with contextlib.suppress(OSError):
                     folder.rmdir()
@@ -455,7 +455,7 @@ class RangeCache:
                 except FileNotFoundError:  # (removed by hand, or by a run that held the directory before)
                     continue
                 if parsed is None or stat.st_size != parsed[1] - parsed[0] or parsed[0] >= parsed[1]:
-                    file.unlink(missing_ok=True)  # not an entry (or one of an older layout), or cut short
+                    _delete(file)  # not an entry (or one of an older layout), or cut short
                     continue
                 start, end, crc = parsed
                 hidden = file.with_name(_entry_name(start, end, crc, _ADOPTED))
@@ -473,6 +473,15 @@ class RangeCache:
         self._make_room(0)
         if found:
             logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)
+
+
+def _delete(path: Path) -> None:
+    """Delete what :meth:`RangeCache._adopt` found in an entry's folder that is no entry: a file, or a folder put
+    there by hand or by another tool (unlinking it raised IsADirectoryError, and the iterator failed to open)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 #: The caches of this process that hold their directory's lock (or did: a closed one holds no file).

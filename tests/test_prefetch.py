@@ -651,6 +651,25 @@ def test_a_released_range_taken_again_no_longer_counts_as_evictable(tmp_path: Pa
     assert cache.bytes_cached == 700 == _disk_bytes(tmp_path)
 
 
+def test_a_folder_inside_an_entrys_folder_is_deleted_and_the_cache_opens(tmp_path: Path) -> None:
+    """A folder in an entry's folder (put there by hand or by another tool), labelled or not, is no entry: the next
+    run deletes it with what it holds and opens, adopting the true entry beside it (it raised IsADirectoryError)."""
+    blob = bytes(range(100))
+    first = RangeCache(tmp_path, max_bytes=1000)
+    first.acquire("a", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, []))
+    first.close()
+    stray = entry_dir(tmp_path, "p", "v1") / "0-100-00000000.bin.d"
+    (stray / "inner").mkdir(parents=True)
+    (stray / "inner" / "x").write_bytes(b"x")
+    unlabelled = entry_dir(tmp_path, "q", "v1")
+    (unlabelled / "sub").mkdir(parents=True)
+    second = RangeCache(tmp_path, max_bytes=1000)
+    assert not stray.exists() and not unlabelled.exists()
+    assert second.bytes_cached == 100 == _disk_bytes(tmp_path)
+    calls: list[ByteRange] = []
+    assert second.acquire("b", [ByteRange("p", 0, 100, "v1")], _fetcher(blob, calls)) == 0 and calls == []
+
+
 def test_an_unlabelled_folder_an_earlier_run_left_goes_without_a_warning(tmp_path: Path, caplog) -> None:
     """A folder without its label (a run killed as it made it) is deleted with whatever it holds, as a crash's
     leftover, not warned of as a folder whose label names another."""
