@@ -361,6 +361,25 @@ def test_close_starts_name_the_next_episode_of_the_file_by_start_not_index(
     assert str(info.value) == _close_starts(0, 2, 1.0, 1.02, 1)
 
 
+def test_of_several_close_starts_the_first_pair_is_named() -> None:
+    """Episodes 0 and 1 start 0.02 s apart, 2 and 3 0.03 s: the first pair is named."""
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts([0.0, 0.02, 1.0, 1.03], [0, 0, 0, 0])
+    assert str(info.value) == _close_starts(0, 1, 0.0, 0.02, 0)
+
+
+def test_of_several_unknown_starts_in_a_file_the_first_is_named() -> None:
+    """Episodes 1 and 2 of episode 0's file have no from_timestamp: the first, 1, is named as where 0 may end."""
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts([0.0, float("nan"), float("nan")], [0, 0, 0])
+    assert str(info.value) == (
+        f"ds: camera '{CAM}': where episode 0's part of video file chunk 0 file 0 lies is unknown: column "
+        f"'videos/{CAM}/from_timestamp' is missing or not finite for episode 1 of the same file (where it may end) "
+        "(2 episode(s) in all); leave those episodes and the others of their video files out with episodes=[...], "
+        "or download or copy ds again"
+    )
+
+
 def _set_fps(root: Path, fps: int) -> None:
     info = json.loads((root / "meta/info.json").read_text())
     info["fps"] = fps
