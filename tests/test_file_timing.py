@@ -504,3 +504,20 @@ def test_an_episode_of_one_row_read_is_held_to_the_next_ones_start(length: int, 
         "(0.100000 s, where these rows end; this one cannot start earlier): correct "
         f"videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
     )
+
+
+@pytest.mark.parametrize(
+    ("rate", "why"),
+    [(9.5, "it has fewer frames than its rows"), (10.5, "its frames drift off the rows' times"), (12.5, None)],
+)
+def test_a_files_rate_is_told_fewer_frames_under_99_percent_and_read_over_120(rate: float, why: str | None) -> None:
+    """Under 10 fps rows: 9.5 fps is under FEWER_FRAMES (0.99) of them, fewer frames; 10.5 more than RATE_SLACK over,
+    not past MORE_FRAMES (1.2), drifting; 12.5 past it, every row has a frame near it: not refused."""
+    reader, survey = _stand_in([0.0], [8], [0], [(rate, 1.0)], fps=10)
+    if why is None:
+        check_file_timing(reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4)
+        return
+    assert _timing_refusal(reader, survey).startswith(
+        f"file-000.mp4 (episode 0, camera '{CAM}') is written at {rate:g} fps (its header), but the rows are at "
+        f"info.json's fps, 10: {why}, and rows would miss their frames"
+    )
