@@ -527,3 +527,26 @@ def test_a_files_rate_is_told_fewer_frames_under_99_percent_and_read_over_120(ra
         f"file-000.mp4 (episode 0, camera '{CAM}') is written at {rate:g} fps (its header), but the rows are at "
         f"info.json's fps, 10: {why}, and rows would miss their frames"
     )
+
+
+@pytest.mark.parametrize(
+    ("fps", "length", "next_s", "refused"), [(4, 3, 0.625, False), (4, 3, 0.62, True), (1, 2, 1.498, True)]
+)
+def test_rows_exactly_half_a_frame_before_the_next_start_pass(
+    fps: int, length: int, next_s: float, refused: bool
+) -> None:
+    """At 4 fps (half a frame 0.125 s, exact in binary), a last row at 0.5 s and the next episode from 0.625 s: not
+    less than half a frame before it, so it reads its own frame; from 0.62 s it is refused. At 1 fps a row 0.498 s
+    before the next start is within half a frame (0.5 s) too."""
+    reader, _ = _stand_in([0.0, next_s], [length, 8], [0, 0], [(float(fps), 9.0)], fps=fps)
+    rates = {"file-000.mp4": float(fps)}
+    if not refused:
+        check_rows_fit_parts(reader, CAM, rates=rates)
+        return
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, rates=rates)
+    assert str(info.value).startswith(
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its {length} rows at {fps} fps from "
+        f"its from_timestamp 0.000000 s end at {(length - 1) / fps:.6f} s, but the next episode of the file starts at "
+        f"{next_s:.6f} s (its from_timestamp), so its last row would read that episode's frames."
+    )
