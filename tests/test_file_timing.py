@@ -550,3 +550,19 @@ def test_rows_exactly_half_a_frame_before_the_next_start_pass(
         f"its from_timestamp 0.000000 s end at {(length - 1) / fps:.6f} s, but the next episode of the file starts at "
         f"{next_s:.6f} s (its from_timestamp), so its last row would read that episode's frames."
     )
+
+
+@pytest.mark.parametrize(("end_s", "refused"), [(0.375, False), (0.37, True)])
+def test_a_file_ending_exactly_half_a_frame_before_the_last_row_is_left_to_the_lookup(
+    end_s: float, refused: bool
+) -> None:
+    """3 rows at 4 fps, the last at 0.5 s: a file ending at 0.375 s, exactly half a frame (0.125 s) before it, is not
+    past it by more, so it is left to the lookup; ending at 0.37 s it is refused."""
+    reader, survey = _stand_in([0.0], [3], [0], [(4.0, end_s)], fps=4)
+    if not refused:
+        check_file_timing(reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4)
+        return
+    assert _timing_refusal(reader, survey).startswith(
+        f"file-000.mp4 (camera '{CAM}') ends at 0.370000 s (its header: 4 fps), but episode 0, its last, has 3 rows "
+        "at 4 fps from its from_timestamp 0.000000 s, the last at 0.500000 s: the file lost its last frames"
+    )
