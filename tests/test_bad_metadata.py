@@ -10,6 +10,7 @@ import shutil
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,7 @@ from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
 from lerobot_dali.decode_route import DecodeRoute
+from lerobot_dali.episode_table import CameraFiles, check_video_starts
 from lerobot_dali.errors import (
     DataFileError,
     DatasetError,
@@ -308,6 +310,74 @@ def test_half_a_frame_is_of_the_faster_of_the_rows_and_the_declared_video_rate(
     said = re.escape(f"episodes 2 and 3 start at 0.000000 s and {refused:.6f} s of video file chunk 0 file 1 (")
     with pytest.raises(EpisodeMetadataError, match=said + ".*less than half a frame"):
         open_dataset(ds)
+
+
+class _Episodes(SimpleNamespace):
+    """What check_video_starts reads of an episode table."""
+
+    def __len__(self) -> int:
+        return len(self.episode_index)
+
+
+def _check_starts(starts: list[float], files: list[int], *, episodes: list[int] | None = None) -> None:
+    """check_video_starts over episodes 0, 1, ... from ``starts`` s of chunk 0's video files ``files``, at 10 fps."""
+    start, file = np.asarray(starts, dtype=np.float64), np.asarray(files, dtype=np.int64)
+    later = [start[(file == file[i]) & (start > start[i])] for i in range(len(start))]
+    following = np.array([s.min() if s.size else np.nan for s in later])
+    table = _Episodes(episode_index=np.arange(len(start)), cameras={CAM: CameraFiles(0 * file, file, start, following)})
+    info = SimpleNamespace(fps=10.0, features={CAM: SimpleNamespace(declared_fps=None)})
+    check_video_starts(table, info, source="ds", episodes=episodes)
+
+
+def _close_starts(a: int, b: int, start_a: float, start_b: float, file: int) -> str:
+    return (
+        f"ds: camera '{CAM}': episodes {a} and {b} start at {start_a:.6f} s and {start_b:.6f} s of video file chunk 0 "
+        f"file {file} (from_timestamp), less than half a frame apart: episode {a} holds no frame of its own, and one "
+        "of the two starts is wrong (a row of either would read the other's frame); leave both out with "
+        "episodes=[...], or regenerate the episode metadata"
+    )
+
+
+def test_starts_exactly_half_a_frame_apart_are_not_close() -> None:
+    """At 10 fps half a frame is 0.05 s: starts 0.05 s apart are not less than it (each has its frame), 0.0499 s are."""
+    _check_starts([0.0, 0.05], [0, 0])
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts([0.0, 0.0499], [0, 0])
+    assert str(info.value) == _close_starts(0, 1, 0.0, 0.0499, 0)
+
+
+@pytest.mark.parametrize(("episodes", "refused"), [(None, True), ([2], True), ([0], True), ([1, 3], False)])
+def test_close_starts_name_the_next_episode_of_the_file_by_start_not_index(
+    episodes: list[int] | None, refused: bool
+) -> None:
+    """File 1 holds episodes 0 (from 1.0 s), 1 (0.0 s) and 2 (1.02 s), file 0 episode 3: episode 0's next in its file is
+    2, 0.02 s on. Named as such where either is selected; episodes 1 and 3 alone open."""
+    starts, files = [1.0, 0.0, 1.02, 1.01], [1, 1, 1, 0]
+    if not refused:
+        _check_starts(starts, files, episodes=episodes)
+        return
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts(starts, files, episodes=episodes)
+    assert str(info.value) == _close_starts(0, 2, 1.0, 1.02, 1)
+
+
+def test_of_several_close_starts_the_first_pair_is_named() -> None:
+    """Episodes 0 and 1 start 0.02 s apart, 2 and 3 0.03 s: the first pair is named."""
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts([0.0, 0.02, 1.0, 1.03], [0, 0, 0, 0])
+    assert str(info.value) == _close_starts(0, 1, 0.0, 0.02, 0)
+
+
+def test_of_several_unknown_starts_in_a_file_the_first_is_named() -> None:
+    """Episodes 1 and 2 of episode 0's file have no from_timestamp: the first, 1, is named as where 0 may end."""
+    with pytest.raises(EpisodeMetadataError) as info:
+        _check_starts([0.0, float("nan"), float("nan")], [0, 0, 0])
+    assert str(info.value) == (
+        f"ds: camera '{CAM}': where episode 0's part of video file chunk 0 file 0 lies is unknown: column "
+        f"'videos/{CAM}/from_timestamp' is missing or not finite for episode 1 of the same file (where it may end) "
+        "(2 episode(s) in all); leave those episodes and the others of their video files out with episodes=[...], "
+        "or download or copy ds again"
+    )
 
 
 def _set_fps(root: Path, fps: int) -> None:

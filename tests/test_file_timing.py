@@ -405,3 +405,164 @@ def test_late_starts_of_several_files_last_episodes_say_the_first_files() -> Non
         f"rows at the file's last frame): correct videos/{CAM}/from_timestamp in meta/episodes, or leave the episode "
         "out with episodes=[...]"
     )
+
+
+@pytest.mark.parametrize(("declared", "refused"), [(None, True), (5.0, True), (30.0, False)])
+def test_a_file_of_no_rate_is_held_to_half_a_frame_at_the_faster_of_the_rows_and_declared_rate(
+    declared: float | None, refused: bool
+) -> None:
+    """A file whose header says no rate: episode 0's last row at 0.7 s lies 0.04 s before episode 1's start (0.74 s).
+    Half a frame at the faster of the rows' 10 fps and info.json's declared rate: 0.05 s where none or a slower 5 fps
+    is declared (refused), 0.0167 s where 30 is (it passes); at the slower of the two it would refuse that too."""
+    reader, _ = _stand_in([0.0, 0.74], [8, 8], [0, 0], [(None, 9.0)], fps=10)
+    reader.info.features[CAM].declared_fps = declared
+    if not refused:
+        check_rows_fit_parts(reader, CAM, rates={})
+        return
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, rates={})
+    assert str(info.value).startswith(
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its 8 rows at 10 fps from its "
+        "from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at 0.740000 s"
+    )
+
+
+@pytest.mark.parametrize(("start", "refused"), [(0.7503, True), (0.7506, False)])
+def test_rows_over_a_file_slower_within_the_slack_are_held_to_half_its_frame(start: float, refused: bool) -> None:
+    """A 9.9 fps file under 10 fps rows (within RATE_SLACK: its rate is the rows'): half its frame is 0.050505 s, more
+    than half a row's 0.05 s. Episode 1 from 0.7503 s, 0.0503 s after episode 0's last row: refused (its last row,
+    the one past), though within half a row; from 0.7506 s it passes."""
+    reader, _ = _stand_in([0.0, start], [8, 8], [0, 0], [(9.9, 9.0)], fps=10)
+    if not refused:
+        check_rows_fit_parts(reader, CAM, rates={"file-000.mp4": 9.9})
+        return
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, rates={"file-000.mp4": 9.9})
+    assert str(info.value).startswith(
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its 8 rows at 10 fps from its "
+        "from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the file starts at 0.750300 s (its "
+        "from_timestamp), so its last row would read that episode's frames."
+    )
+
+
+@pytest.mark.parametrize(
+    ("unread_tail", "said"),
+    [
+        (0, "its 8 rows at 10 fps from its from_timestamp 0.000000 s end at 0.700000 s, but the next episode of the "
+            "file starts at 0.620000 s (its from_timestamp), so its last 2 rows would read that episode's frames. The "
+            "next episode's from_timestamp in meta/episodes is most likely 2 frames early (0.800000 s, where"),
+        (1, "its 8 rows at 10 fps from its from_timestamp 0.000000 s, the last a sample reads at 0.600000 s (its last "
+            "1 lie past every window: drop_n_last_frames), but the next episode of the file starts at 0.620000 s (its "
+            "from_timestamp), so its last row read would read that episode's frames. The next episode's "
+            "from_timestamp in meta/episodes is most likely 1 frame early (0.700000 s, where"),
+        (2, None),
+    ],
+)  # fmt: skip
+def test_rows_no_sample_reads_do_not_run_into_the_next_episodes_part(unread_tail: int, said: str | None) -> None:
+    """Episode 1 from 0.62 s, within episode 0's 8 rows (to 0.7 s): its last 2 rows run into episode 1's part. With the
+    last one past every window (drop_n_last_frames), the last row read (0.6 s) still does, and is said so; with 2,
+    the last read (0.5 s) lies 0.12 s before episode 1's start: it passes."""
+    reader, _ = _stand_in([0.0, 0.62], [8, 8], [0, 0], [(10.0, 9.0)], fps=10)
+    if said is None:
+        check_rows_fit_parts(reader, CAM, unread_tail=unread_tail)
+        return
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, unread_tail=unread_tail)
+    assert str(info.value).startswith(f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: {said}")
+
+
+def test_rows_overrunning_by_a_floats_rounding_are_said_to_run_a_row_past() -> None:
+    """Episode 0's 2 rows from 0.05 s end at 0.15 s, half a frame before episode 1's start at 0.2 s by their decimals,
+    under it by their floats' (0.2 - 0.15 is 0.04999...): refused, and its last row named, not "its last 0 rows"."""
+    reader, _ = _stand_in([0.05, 0.2], [2, 8], [0, 0], [(10.0, 9.0)], fps=10)
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, rates={"file-000.mp4": 10.0})
+    assert str(info.value).startswith(
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its 2 rows at 10 fps from its "
+        "from_timestamp 0.050000 s end at 0.150000 s, but the next episode of the file starts at 0.200000 s (its "
+        "from_timestamp), so its last row would read that episode's frames."
+    )
+
+
+@pytest.mark.parametrize(("length", "unread_tail"), [(1, 0), (3, 2)])
+def test_an_episode_of_one_row_read_is_held_to_the_next_ones_start(length: int, unread_tail: int) -> None:
+    """Episode 0's one row read (of 1, or of 3 with 2 past every window), at 0.0 s, 0.03 s before episode 1's start:
+    it would read episode 1's frame, refused as a longer episode's last row is."""
+    reader, _ = _stand_in([0.0, 0.03], [length, 8], [0, 0], [(10.0, 9.0)], fps=10)
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, unread_tail=unread_tail)
+    said = (
+        " end at 0.000000 s"
+        if not unread_tail
+        else ", the last a sample reads at 0.000000 s (its last 2 lie past every window: drop_n_last_frames)"
+    )
+    assert str(info.value) == (
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its {length} row"
+        f"{'s' if length > 1 else ''} at 10 fps from its from_timestamp 0.000000 s{said}, but the next episode of the "
+        f"file starts at 0.030000 s (its from_timestamp), so its last row{' read' if unread_tail else ''} would read "
+        "that episode's frames. The next episode's from_timestamp in meta/episodes is most likely 1 frame early "
+        "(0.100000 s, where these rows end; this one cannot start earlier): correct "
+        f"videos/{CAM}/from_timestamp in meta/episodes, or leave the episode out with episodes=[...]"
+    )
+
+
+@pytest.mark.parametrize(
+    ("rate", "why"),
+    [
+        (9.5, "it has fewer frames than its rows"),
+        (10.15, "its frames drift off the rows' times"),
+        (10.5, "its frames drift off the rows' times"),
+        (12.5, None),
+    ],
+)
+def test_a_files_rate_is_told_fewer_frames_under_99_percent_and_read_over_120(rate: float, why: str | None) -> None:
+    """Under 10 fps rows: 9.5 fps is under FEWER_FRAMES (0.99) of them, fewer frames; 10.15 (1.5% over: past
+    RATE_SLACK) and 10.5, not past MORE_FRAMES (1.2), drifting; 12.5 past it, every row has a frame near it: not
+    refused."""
+    reader, survey = _stand_in([0.0], [8], [0], [(rate, 1.0)], fps=10)
+    if why is None:
+        check_file_timing(reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4)
+        return
+    assert _timing_refusal(reader, survey).startswith(
+        f"file-000.mp4 (episode 0, camera '{CAM}') is written at {rate:g} fps (its header), but the rows are at "
+        f"info.json's fps, 10: {why}, and rows would miss their frames"
+    )
+
+
+@pytest.mark.parametrize(
+    ("fps", "length", "next_s", "refused"), [(4, 3, 0.625, False), (4, 3, 0.62, True), (1, 2, 1.498, True)]
+)
+def test_rows_exactly_half_a_frame_before_the_next_start_pass(
+    fps: int, length: int, next_s: float, refused: bool
+) -> None:
+    """At 4 fps (half a frame 0.125 s, exact in binary), a last row at 0.5 s and the next episode from 0.625 s: not
+    less than half a frame before it, so it reads its own frame; from 0.62 s it is refused. At 1 fps a row 0.498 s
+    before the next start is within half a frame (0.5 s) too."""
+    reader, _ = _stand_in([0.0, next_s], [length, 8], [0, 0], [(float(fps), 9.0)], fps=fps)
+    rates = {"file-000.mp4": float(fps)}
+    if not refused:
+        check_rows_fit_parts(reader, CAM, rates=rates)
+        return
+    with pytest.raises(FrameTimestampError) as info:
+        check_rows_fit_parts(reader, CAM, rates=rates)
+    assert str(info.value).startswith(
+        f"ds: camera '{CAM}': episode 0's rows run past its part of file-000.mp4: its {length} rows at {fps} fps from "
+        f"its from_timestamp 0.000000 s end at {(length - 1) / fps:.6f} s, but the next episode of the file starts at "
+        f"{next_s:.6f} s (its from_timestamp), so its last row would read that episode's frames."
+    )
+
+
+@pytest.mark.parametrize(("end_s", "refused"), [(0.375, False), (0.37, True)])
+def test_a_file_ending_exactly_half_a_frame_before_the_last_row_is_left_to_the_lookup(
+    end_s: float, refused: bool
+) -> None:
+    """3 rows at 4 fps, the last at 0.5 s: a file ending at 0.375 s, exactly half a frame (0.125 s) before it, is not
+    past it by more, so it is left to the lookup; ending at 0.37 s it is refused."""
+    reader, survey = _stand_in([0.0], [3], [0], [(4.0, end_s)], fps=4)
+    if not refused:
+        check_file_timing(reader, survey, timestamp_source=TimestampSource.PARQUET_TIMESTAMP, tolerance_s=1e-4)
+        return
+    assert _timing_refusal(reader, survey).startswith(
+        f"file-000.mp4 (camera '{CAM}') ends at 0.370000 s (its header: 4 fps), but episode 0, its last, has 3 rows "
+        "at 4 fps from its from_timestamp 0.000000 s, the last at 0.500000 s: the file lost its last frames"
+    )
