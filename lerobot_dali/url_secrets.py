@@ -273,15 +273,12 @@ def _mask_one(error: BaseException) -> None:
         error.history = tuple(_Redirect(response) for response in history)  # type: ignore[attr-defined]
     if any(isinstance(arg, str) and masked(arg) != arg for arg in error.args):
         error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
-    if isinstance(error, OSError):
-        for name in ("strerror", "filename", "filename2"):
-            value = getattr(error, name)
-            if isinstance(value, str) and masked(value) != value:
+    # An OSError's text fields; urllib's HTTPError's url (its geturl(): a handler may log it).
+    for name in (*(("strerror", "filename", "filename2") if isinstance(error, OSError) else ()), "url"):
+        value = getattr(error, name, None)
+        if isinstance(value, str) and masked(value) != value:
+            with contextlib.suppress(AttributeError):  # (a read-only url: its text is the args' above)
                 setattr(error, name, masked(value))
-    url = getattr(error, "url", None)  # (urllib's HTTPError's, its geturl(): a handler may log it)
-    if isinstance(url, str) and masked(url) != url:
-        with contextlib.suppress(AttributeError):  # (a read-only one: its text is the args' above)
-            error.url = masked(url)  # type: ignore[attr-defined]
     notes = getattr(error, "__notes__", None)
     if isinstance(notes, list) and any(isinstance(n, str) and masked(n) != n for n in notes):
         error.__notes__ = [masked(n) if isinstance(n, str) else n for n in notes]  # type: ignore[attr-defined]
