@@ -235,6 +235,12 @@ class DatasetInfo:
     def video_keys(self) -> list[str]:
         return [k for k, f in self.features.items() if f.is_video]
 
+    def fastest_fps(self, key: str) -> float:
+        """The faster of the rows' rate and camera ``key``'s declared video rate: half a frame at it is the least gap
+        that either could mean, where the file's own rate is not read."""
+        feature = self.features.get(key)
+        return max(self.fps, (feature.declared_fps if feature is not None else None) or self.fps)
+
     @property
     def depth_keys(self) -> list[str]:
         """Depth cameras (:mod:`.depth_maps`): videos of 12-bit quantised depth, and depth images."""

@@ -571,9 +571,7 @@ def check_video_starts(
         # (as given: a list not of indices matches none here, and EpisodeTable.select refuses it by name)
         selected = np.isin(table.episode_index, np.asarray(episodes))
     for key, files in table.cameras.items():
-        feature = info.features.get(key)
-        fastest = max(info.fps, (feature.declared_fps if feature is not None else None) or info.fps)
-        _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / fastest)
+        _check_camera_starts(source, key, table.episode_index, files, selected, 0.5 / info.fastest_fps(key))
 
 
 def _check_camera_starts(

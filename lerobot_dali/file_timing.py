@@ -150,9 +150,7 @@ def _half_frame_s(reader: LeRobotDatasetReader, camera: str, pos: int, rates: Ma
     """Half a frame of episode ``pos``'s ``camera`` file: at its rate in ``rates``, else at the faster of the rows'
     and info.json's declared one."""
     rate = rates.get(reader.video(pos, camera).path)
-    if rate is None:
-        rate = max(reader.fps, reader.info.features[camera].declared_fps or reader.fps)
-    return 0.5 / rate
+    return 0.5 / (reader.info.fastest_fps(camera) if rate is None else rate)
 
 
 def _wrong_start(reader: LeRobotDatasetReader, camera: str, pos: int, over: int, *, end_s: float) -> str:

@@ -9,6 +9,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,6 +21,7 @@ import torch
 
 from lerobot_dali.batch_source import CameraFormat
 from lerobot_dali.dataset_check import check_dataset
+from lerobot_dali.dataset_info import DatasetInfo
 from lerobot_dali.dataset_location import resolve_location
 from lerobot_dali.dataset_reader import open_dataset
 from lerobot_dali.dataset_stats import read_dataset_stats
@@ -326,6 +328,7 @@ def _check_starts(starts: list[float], files: list[int], *, episodes: list[int] 
     following = np.array([s.min() if s.size else np.nan for s in later])
     table = _Episodes(episode_index=np.arange(len(start)), cameras={CAM: CameraFiles(0 * file, file, start, following)})
     info = SimpleNamespace(fps=10.0, features={CAM: SimpleNamespace(declared_fps=None)})
+    info.fastest_fps = partial(DatasetInfo.fastest_fps, info)  # (the real rule over the stand-in's features)
     check_video_starts(table, info, source="ds", episodes=episodes)
 
 

@@ -1019,6 +1019,18 @@ def test_info_json_counts_and_rates_read_as_written() -> None:
     assert info.fps == 12.5 and info.features["cam"].video.fps == 29.97
 
 
+def test_a_cameras_fastest_rate_is_the_faster_of_the_rows_and_its_declared_one() -> None:
+    """Half a frame at it is the least gap the metadata could mean (r1 declares 10 fps of 25 fps files; others more)."""
+    slow = {"dtype": "video", "shape": [64, 96, 3], "info": {"video.fps": 10.0, "video.codec": "h264"}}
+    fast = {**slow, "info": {"video.fps": 50.0, "video.codec": "h264"}}
+    unsaid = {**slow, "info": {"video.codec": "h264"}}
+    info = _parsed_info(
+        fps=25.0, features={"slow": slow, "fast": fast, "unsaid": unsaid},
+        video_path="videos/{video_key}/{chunk_index}-{file_index}.mp4",
+    )  # fmt: skip
+    assert [info.fastest_fps(key) for key in ("slow", "fast", "unsaid", "no such camera")] == [25.0, 50.0, 25.0, 25.0]
+
+
 @pytest.mark.parametrize(
     "template",
     [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from lerobot_dali import DALILeRobotIterator, open_dataset
 from lerobot_dali.camera_codecs import CameraSurvey, FileFormat, read_file_format, survey_camera
+from lerobot_dali.dataset_info import DatasetInfo
 from lerobot_dali.errors import FrameTimestampError
 from lerobot_dali.file_timing import check_file_timing, check_rows_fit_parts
 from lerobot_dali.frame_lookup import ITERATORS_LOOKUP, TimestampSource
@@ -279,8 +281,10 @@ def _stand_in(
         episode_index=np.arange(len(starts)), length=np.asarray(lengths),
         cameras={CAM: SimpleNamespace(from_timestamp_s=starts_s, next_from_timestamp_s=next_s)},
     )  # fmt: skip
+    info = SimpleNamespace(fps=fps, features={CAM: SimpleNamespace(declared_fps=None)})
+    info.fastest_fps = partial(DatasetInfo.fastest_fps, info)  # (the real rule over the stand-in's features)
     reader = SimpleNamespace(
-        fps=fps, episodes=episodes, info=SimpleNamespace(features={CAM: SimpleNamespace(declared_fps=None)}),
+        fps=fps, episodes=episodes, info=info,
         video=lambda pos, camera: SimpleNamespace(path=paths[pos]), frame_lookup=lambda pos: ITERATORS_LOOKUP,
         source_of=lambda pos: "ds", previous_end_s=previous_end_s,
     )  # fmt: skip
