@@ -50,6 +50,21 @@ def test_a_group_counts_and_clips_each_frame_once(marker_video: MarkerVideo) -> 
     assert share.alone_frames == [6, 0]
 
 
+def test_samples_of_a_file_to_decode_alone_are_groups_of_one(marker_video: MarkerVideo) -> None:
+    """``alone_files`` (files whose shared clip grew when built): each of their samples is a group of its own, once,
+    and another file's samples still share."""
+    path = str(marker_video("vp9", 2))
+    index = build_packet_index(path)
+    paths = [path, "other.mp4", path, "other.mp4"]
+    numbers = [np.array([5]), np.array([3]), np.array([6, 6]), np.array([5])]
+    share = share_clips(paths, [index] * 4, numbers, max_frames=8, alone_files={path})
+    assert [g.tolist() for g in share.groups] == [[0], [1, 3], [2]]
+    assert [f.tolist() for f in share.frames] == [[5], [3, 5], [6]]
+    assert share.takes(4).tolist() == [0, 1, 2, 1]
+    assert [o.tolist() for o in share.orders(numbers)] == [[0], [0], [0, 0], [1]]
+    assert share.alone_frames == [0, 4, 0]  # (GOP 2: [3] is packets 2-3, [5] packets 4-5; together 2-5)
+
+
 def test_only_cameras_dali_decodes_share_clips() -> None:
     """A worker-decoded camera (depth too) never shares clips: ``camera_feed`` drops the flag there, and a feed
     asking for it is refused."""
