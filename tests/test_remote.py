@@ -170,13 +170,15 @@ def test_backoff_grows_then_caps_with_deterministic_jitter() -> None:
 def test_policy_validation_and_env_default(monkeypatch) -> None:
     monkeypatch.setenv(RETRIES_ENV, "2")
     assert RetryPolicy().retries == 2
+    monkeypatch.setenv(RETRIES_ENV, "0")  # (fail fast: the least budget, not a negative one)
+    assert RetryPolicy().retries == 0
     monkeypatch.setenv(RETRIES_ENV, "many")
     with pytest.raises(ValueError, match=RETRIES_ENV):
         RetryPolicy()
     monkeypatch.setenv(RETRIES_ENV, "-1")
     with pytest.raises(ValueError, match=f"{RETRIES_ENV}='-1' is negative"):
         RetryPolicy()
-    for base, most in [(-1.0, 1.0), (float("nan"), 1.0), (0.5, float("nan"))]:
+    for base, most in [(-1.0, 1.0), (float("nan"), 1.0), (0.5, float("nan")), (0.0, -0.5)]:
         with pytest.raises(ValueError, match="base_delay_s and max_delay_s must be >= 0"):
             RetryPolicy(retries=1, base_delay_s=base, max_delay_s=most)
     with pytest.raises(ValueError, match="attempt is 1-based, got 0"):
