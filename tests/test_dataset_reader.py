@@ -1031,6 +1031,96 @@ def test_a_cameras_fastest_rate_is_the_faster_of_the_rows_and_its_declared_one()
     assert [info.fastest_fps(key) for key in ("slow", "fast", "unsaid", "no such camera")] == [25.0, 50.0, 25.0, 25.0]
 
 
+def test_info_json_counts_it_lacks_read_as_zero_and_chunks_of_1000() -> None:
+    """Absent (or null) totals are 0, an absent chunks_size LeRobot's 1000."""
+    info = _parsed_info(total_frames=None)
+    assert (info.total_episodes, info.total_frames, info.total_tasks, info.chunks_size) == (0, 0, 0, 1000)
+
+
+def test_only_a_video_feature_has_video_info() -> None:
+    """A state's or an image camera's 'info' is no video's: it is not parsed as one (an image camera of depth
+    flagged in it is read as stored, with no video quantiser to decode it by)."""
+    state = {"dtype": "float32", "shape": [6], "info": {"video.fps": "x"}}
+    depth_image = {"dtype": "image", "shape": [4, 4, 1], "info": {"is_depth_map": True, "depth_unit": "mm"}}
+    depth_video = {"dtype": "video", "shape": [4, 4, 1], "info": {"is_depth_map": True}}
+    features = {"state": state, "depth": depth_image, "coded": depth_video}
+    info = _parsed_info(features=features, video_path="videos/{video_key}/{chunk_index}-{file_index}.mp4")
+    assert info.features["state"].video is None and info.features["depth"].video is None
+    assert info.depth_keys == ["depth", "coded"]
+    assert list(info.depth_quantizers(features)) == ["coded"] and info.depth_image_units(features) == {"depth": "mm"}
+
+
+def test_an_info_json_lacking_its_features_says_it_is_damaged() -> None:
+    """The advice for a key without a template of LeRobot's to offer is the one for a damaged file (fps has its own)."""
+    raw = {"codebase_version": "v3.0", "fps": 10, "data_path": "data/file-{file_index}.parquet"}
+    with pytest.raises(DatasetError) as raised:
+        DatasetInfo.from_json(raw, source="meta/info.json")
+    assert str(raised.value) == (
+        "meta/info.json: required key 'features' is missing; every LeRobot dataset's info.json has it: re-download "
+        "the dataset's meta/ (the file is damaged or not LeRobot's)"
+    )
+
+
+def test_each_features_kind_by_hand() -> None:
+    """Cameras are videos and images; the rest is tabular; strings (and language annotations) are host values;
+    scalars are of shape (1,) or ()."""
+    camera = {"dtype": "video", "shape": [64, 96, 3]}
+    features = {
+        "cam": camera,
+        "img": {**camera, "dtype": "image"},
+        "state": {"dtype": "float32", "shape": [6]},
+        "note": {"dtype": "string", "shape": [1]},
+        "said": {"dtype": "language", "shape": []},
+        "task_index": {"dtype": "int64", "shape": [1]},
+    }
+    info = _parsed_info(features=features, video_path="videos/{video_key}/{chunk_index}-{file_index}.mp4")
+    assert (
+        info.major_version == "v3"
+        and _parsed_info(codebase_version="v2.1", data_path="d/{episode_index}.parquet").major_version == "v2"
+    )
+    assert (info.camera_keys, info.video_keys, info.image_keys) == (["cam", "img"], ["cam"], ["img"])
+    assert info.tabular_keys == ["state", "note", "said", "task_index"]
+    assert [k for k, f in info.features.items() if f.is_host_value] == ["note", "said"]
+    assert [k for k, f in info.features.items() if f.is_scalar] == ["note", "said", "task_index"]
+
+
+@pytest.mark.parametrize(("declared", "said"), [(101, []), (101.5, ["video.fps 101.5 (the file: 100)"])])
+def test_a_declared_rate_1_percent_off_the_files_is_not_named(declared: float, said: list[str]) -> None:
+    """The slack is 1% of the file's rate, inclusive (101 declared for 100 is within it)."""
+    raw = {"dtype": "video", "shape": [4, 4, 3], "info": {"video.fps": declared}}
+    assert Feature.from_json("cam", raw).unlike_video("av1", 100.0, (4, 4)) == said
+
+
+@pytest.mark.parametrize("rate", [0, -10, float("inf"), float("nan")])
+def test_a_declared_rate_that_is_no_positive_number_is_no_rate(rate: float) -> None:
+    """(Not held to the file: a declared 0 fps is unsaid, not a rate the file's 30 differs from.)"""
+    feature = Feature.from_json("cam", {"dtype": "video", "shape": [4, 4, 3], "info": {"video.fps": rate}})
+    assert feature.declared_fps is None and feature.unlike_video("av1", 30.0, (4, 4)) == []
+
+
+def test_a_dimension_of_minus_one_is_refused_naming_it() -> None:
+    with pytest.raises(DatasetError, match=r"feature 'x' .*\(ValueError: dimension -1 is not a whole number >= 0\)"):
+        Feature.from_json("x", {"dtype": "float32", "shape": [2, -1]})
+
+
+def test_a_path_template_that_cannot_be_filled_is_named() -> None:
+    """A field the values lack, an index, or a number's format for the camera's name: said as the template's fault."""
+    with pytest.raises(
+        InvalidPathTemplateError, match=r"^info\.json: cannot fill path 'data/\{0\}\.parquet' with \{\}"
+    ):
+        format_path("data/{0}.parquet", {})
+    camera = {"dtype": "video", "shape": [4, 4, 3]}
+    with pytest.raises(
+        InvalidPathTemplateError, match=r"^meta/info\.json: cannot fill video_path 'v/\{video_key:03d\}"
+    ):
+        _parsed_info(features={"cam": camera}, video_path="v/{video_key:03d}/{chunk_index}-{file_index}.mp4")
+
+
+def test_a_declared_rate_under_one_frame_a_second_is_a_rate() -> None:
+    feature = Feature.from_json("cam", {"dtype": "video", "shape": [4, 4, 3], "info": {"video.fps": 0.5}})
+    assert feature.declared_fps == 0.5 and feature.unlike_video("av1", 30.0, (4, 4)) == ["video.fps 0.5 (the file: 30)"]
+
+
 @pytest.mark.parametrize(
     "template",
     [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -182,7 +183,11 @@ def test_an_episode_whose_rows_are_not_one_run_is_refused_naming_the_file(merged
 def test_an_episode_whose_rows_disagree_with_its_length_is_named(merged) -> None:
     _, stale = merged
     _drop_rows(stale / "data/chunk-000/file-001.parquet", lambda t: pc.not_equal(t["frame_index"], 7))
-    with pytest.raises(EpisodeMetadataError, match=r"episode 3 has length 8 there but 7 rows in .*file-001\.parquet"):
+    with pytest.raises(
+        EpisodeMetadataError,
+        match=r"episode 3 has length 8 there but 7 rows in \S*/chunk-000/file-001\.parquet: .*leave out its episodes "
+        r"\[2, 3\] \(episodes=",
+    ):
         _samples(stale)
 
 
@@ -509,3 +514,108 @@ def test_a_remote_cold_open_shows_the_progress_of_its_data_file_footers(make_ds,
     with caplog.at_level(logging.INFO, logger="lerobot_dali.concurrent_calls"):
         open_dataset("fakeremote://", storage_options={"root": str(root)})
     assert "data file footers: 5/5 files" in caplog.records[-1].getMessage()
+
+
+def test_the_episodes_to_leave_out_are_named_ten_at_most() -> None:
+    """The advice names the episodes of the files that disagree, the first ten of them ("..." past those)."""
+    from lerobot_dali.episode_data_files import _episodes_of_files
+
+    assert _episodes_of_files(np.arange(10), 1) == "its episodes [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+    assert (
+        _episodes_of_files(np.arange(3, 14), 2)
+        == "the episodes of those 2 files, [3, 4, 5, 6, 7, 8, 9, 10, 11, 12] ..."
+    )
+
+
+@pytest.mark.parametrize(
+    ("episodes", "shown"), [(None, "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9] ..."), (range(10), "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")]
+)
+def test_the_episodes_in_no_data_file_are_named_ten_at_most_and_the_missing_files_counted(
+    make_ds, copy_ds, episodes, shown: str
+) -> None:
+    """12 episodes, 0-10 in file-000 (deleted) and 11 in file-001, indexed in file-007 (0-5) and file-008 (6-11),
+    neither of which exists: the first missing file is named and the other counted, and of the episodes to read that
+    no file holds, the first ten ("..." past those)."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    ds = copy_ds(make_ds(episodes=12, frames_per_episode=2, cameras=0, episodes_per_file=11))
+    _set_episode_columns(ds, **{"data/file_index": [7] * 6 + [8] * 6})
+    (ds / "data/chunk-000/file-000.parquet").unlink()
+    with pytest.raises(MissingDataFileError) as raised:
+        open_dataset(ds, episodes=None if episodes is None else list(episodes))
+    assert re.sub(r"\S*/data/", "data/", str(raised.value)) == (
+        "data/chunk-000/file-007.parquet is missing (and 1 more data files): meta/episodes places episodes there, "
+        f"and episodes {shown} are in no other data file either; re-download the dataset"
+    )
+
+
+def test_an_episode_in_no_data_file_of_a_converted_dataset_is_named(converted) -> None:
+    """No data file is missing (the converter's index names files that hold others): the stale index is said as it
+    was found, and the episode to read that no file holds is named."""
+    from lerobot_dali.dataset_reader import open_dataset
+
+    _, stale = converted
+    _drop_rows(stale / "data/chunk-000/file-002.parquet", lambda t: pc.not_equal(t["episode_index"], 4))
+    with pytest.raises(MissingDataFileError) as raised:
+        open_dataset(stale)
+    assert re.sub(r"\S*/data/", "data/", str(raised.value)) == (
+        f"{stale}: meta/episodes places 19 rows in data/chunk-000/file-000.parquet, which holds 15 (2 such file(s)), "
+        "and episodes [4] are in no data file; re-download the dataset"
+    )
+    assert open_dataset(stale, episodes=[0, 3]).episodes.data_file_index.tolist() == [0, 1]
+
+
+def test_a_remote_open_asks_nothing_more_of_a_data_file_its_listing_holds(merged, monkeypatch) -> None:
+    """The listing stamps every data file: whether one exists is read from it, and each is opened with the size it
+    gives, so no file that is listed costs a request of its own (an HTTP HEAD each). A stale merge's index names
+    file-007, which the listing lacks: its stamp is the one metadata request."""
+    from lerobot_dali.dataset_reader import open_dataset
+    from tests import fake_remote
+
+    sizes: dict[str, int | None] = {}
+    real_open = fake_remote.FakeRemoteFileSystem._open
+
+    def opening(self, path: str, mode: str = "rb", **kwargs):
+        sizes[path.rsplit("/", 1)[-1]] = kwargs.get("size")
+        return real_open(self, path, mode, **kwargs)
+
+    monkeypatch.setattr(fake_remote.FakeRemoteFileSystem, "_open", opening)
+    for root, asked in zip(merged, (0, 1), strict=True):
+        sizes.clear()
+        remote = open_dataset("fakeremote://", storage_options={"root": str(root)})
+        requests = remote.location.fs.fs.requests  # (the fake remote under the retrying wrapper)
+        assert (requests["exists"], requests["info"]) == (0, asked), dict(requests)
+        assert sizes == {f.name: f.stat().st_size for f in (root / "data/chunk-000").iterdir()}
+
+
+def test_a_remote_data_file_is_not_taken_for_a_local_path_of_its_name(merged, tmp_path, monkeypatch) -> None:
+    """Only a local data file is checked for being a named pipe (its open would hang): a remote one's path, stripped
+    of its protocol, is relative, and a pipe of that name under the working folder is none of the dataset's."""
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali.dataset_reader import open_dataset
+
+    original, _ = merged
+    (tmp_path / "data/chunk-000").mkdir(parents=True)
+    os.mkfifo(tmp_path / "data/chunk-000/file-000.parquet")
+    monkeypatch.chdir(tmp_path)
+    remote = open_dataset("fakeremote://", storage_options={"root": str(original)})
+    assert remote.read_episode(0)["episode_index"].tolist() == [0] * LENGTHS[0]
+
+
+def test_a_remote_v2_open_checks_the_data_files_of_fewer_episodes_than_a_local_one(
+    make_ds, copy_ds, monkeypatch
+) -> None:
+    """Each v2.x data file checked at open costs a remote dataset a request: past CHECKED_FILES_REMOTE episodes to
+    read (CHECKED_FILES local), their files are checked as they are read. 5 episodes here, episode 4's file missing:
+    checked (and refused) with a local limit of 5, not with a remote limit of 4."""
+    import tests.fake_remote  # noqa: F401 (registers the fakeremote:// protocol)
+    from lerobot_dali import episode_data_files
+    from lerobot_dali.dataset_reader import open_dataset
+
+    monkeypatch.setattr(episode_data_files, "CHECKED_FILES", 5)
+    monkeypatch.setattr(episode_data_files, "CHECKED_FILES_REMOTE", 4)
+    root = copy_ds(make_ds(**{**SPEC, "version": "v2.1"}))
+    (root / "data/chunk-000/episode_000004.parquet").unlink()
+    with pytest.raises(MissingDataFileError, match=r"chunk-000/episode_000004\.parquet is missing: "):
+        open_dataset(root)
+    assert open_dataset("fakeremote://", storage_options={"root": str(root)}).num_episodes == 5
