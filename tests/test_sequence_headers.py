@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lerobot_dali.sequence_headers import keyframe_sequence_headers
+from lerobot_dali.sequence_headers import h264_parameter_sets, keyframe_sequence_headers
 
 
 def _found(codec: str, packet: bytes, *, length_size: int = 4, short: int = 0) -> tuple[bytes, ...] | None:
@@ -113,3 +113,43 @@ def test_av1_obus_that_do_not_parse_give_none(packet: bytes) -> None:
 
 def test_an_av1_read_that_returns_nothing_gives_none() -> None:
     assert keyframe_sequence_headers("av1", lambda start, length: b"", 4) is None
+
+
+def test_an_8_byte_leb128_size_after_an_extension_byte_is_read() -> None:
+    """A size may take all 8 LEB128 bytes (padded with 0x80s), after the header's 2 bytes: 10 read in all."""
+    header = b"\x0a\x0b\x0c"
+    padded = b"\x0e\x00" + bytes([0x83, *[0x80] * 6, 0x00]) + header  # (OBU type 1, extension byte, size 3)
+    assert _found("av1", _obu(2, b"") + padded + _obu(6, b"\x01")) == (header,)
+
+
+def _avcc(sps: list[bytes], pps: list[bytes], *, sps_count: int | None = None, pps_count: int | None = None) -> bytes:
+    """An ``avcC`` record: version 1, profile, compatibility, level, the NAL length size byte, then the SPS count
+    (in a byte whose top 3 bits are reserved, set), each SPS after its 2-byte size, the PPS count and each PPS."""
+    out = b"\x01\x64\x00\x1f\xff" + bytes([0xE0 | (len(sps) if sps_count is None else sps_count)])
+    out += b"".join(len(u).to_bytes(2, "big") + u for u in sps)
+    out += bytes([len(pps) if pps_count is None else pps_count])
+    return out + b"".join(len(u).to_bytes(2, "big") + u for u in pps)
+
+
+def test_avcc_parameter_sets_are_its_spses_then_its_ppses_each_whole() -> None:
+    assert h264_parameter_sets(_avcc([SPS], [PPS])) == (SPS, PPS)
+    assert h264_parameter_sets(_avcc([SPS, SPS_2], [PPS, b"\x68\xce\x38"])) == (SPS, SPS_2, PPS, b"\x68\xce\x38")
+    assert h264_parameter_sets(_avcc([], [])) == ()  # (7 bytes: the least record)
+
+
+@pytest.mark.parametrize(
+    "extradata",
+    [
+        None,
+        b"",
+        _avcc([], [])[:6],  # no PPS count
+        b"\x00" + _avcc([SPS], [PPS])[1:],  # version 0: no avcC record (an Annex B stream's starts 00 00 00 01)
+        _avcc([SPS], [PPS])[:-1],  # a PPS cut short
+        _avcc([SPS], [PPS], pps_count=0x21),  # 33 PPSes said (the count's 8 bits are all its own), one there
+        _avcc([SPS], [b"\x68"]),  # a unit of one byte: none is shorter than its header
+        _avcc([SPS], [PPS])[: 6 + 2 + len(SPS)],  # the record ends after its SPSes
+        _avcc([b""], [PPS]),  # an empty unit
+    ],
+)
+def test_avcc_records_that_do_not_parse_give_none(extradata: bytes | None) -> None:
+    assert h264_parameter_sets(extradata) is None
