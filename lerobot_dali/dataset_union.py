@@ -326,6 +326,13 @@ class DatasetUnion(LeRobotDatasetReader):
         own = index - self.task_offsets[dataset] if name == "task" else index
         return self.members[dataset].unlisted_index_error(name, own, episode_index, more=more)
 
+    def _index_list(self, name: str) -> tuple[Mapping[int, str], str]:
+        """The union's list, which no one file holds: a row without its ``dataset_index`` is told against it."""
+        listed = super()._index_list(name)[0]
+        if name == "subtask":
+            return listed, "its datasets' meta/subtasks.parquet, the same in each"
+        return listed, "its datasets' task lists, numbered one after another"
+
     def _data_file_of(self, episode_index: int) -> str | None:
         return None  # (every dataset has its own episode 0, 1, ...: the row's dataset_index names its file)
 

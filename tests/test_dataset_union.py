@@ -1088,12 +1088,18 @@ def test_a_union_selected_with_its_dataset_index_keeps_it_and_selects_its_datase
 
 def test_a_row_of_a_dataset_index_the_union_lacks_is_told_as_the_unions(make_ds) -> None:
     """A row's task_index no list holds, its dataset_index out of the union's range (no dataset 2 or -1 of 2): the
-    union's error, naming the union and its own task list, not one of the last dataset's (or an IndexError)."""
+    union's error, naming the union and its own task list, not one of the last dataset's (or an IndexError), nor
+    the first dataset's file (meta/tasks.jsonl), which holds none of the union's indices past its own."""
     union = concat_datasets(_datasets(make_ds))
+    assert sorted(union.tasks) == [0, 1, 2, 3]
     for dataset in (2, -1, None):
         said = str(union.unlisted_index_error("task", 9, 0, dataset))
-        assert said.startswith(f"{union.location.description}: episode 0's rows hold task_index 9, which"), said
-        assert f"task indices {sorted(union.tasks)}" in said, said
+        assert said.startswith(
+            f"{union.location.description}: episode 0's rows hold task_index 9, which is not in the dataset's task "
+            "list (its datasets' task lists, numbered one after another, which holds task indices [0, 1, 2, 3]);"
+        ), said
+        said = str(union.unlisted_index_error("subtask", 9, 0, dataset))
+        assert "subtask list (its datasets' meta/subtasks.parquet, the same in each, which holds subtask" in said, said
 
 
 def test_a_selection_given_as_one_string_is_refused_naming_the_list(make_ds) -> None:
