@@ -58,8 +58,8 @@ def keyframe_sequence_headers(
             vcl, sps = unit_type < _HEVC_FIRST_NON_VCL, unit_type == _HEVC_SPS
         if vcl:
             return tuple(found)
-        if sps:
-            found.append(read(start, unit_size))
+        if sps and not _read_whole(read, start, unit_size, found):
+            return None
         position = start + unit_size
     return tuple(found)
 
@@ -85,10 +85,18 @@ def _av1_sequence_headers(read: ReadBytes, size_bytes: int) -> tuple[bytes, ...]
             return None
         if obu_type in _AV1_PICTURE_OBUS:
             return tuple(found)
-        if obu_type == _AV1_SEQUENCE_HEADER:
-            found.append(read(payload_start, payload_size))
+        if obu_type == _AV1_SEQUENCE_HEADER and not _read_whole(read, payload_start, payload_size, found):
+            return None
         position = payload_start + payload_size
     return tuple(found)
+
+
+def _read_whole(read: ReadBytes, start: int, size: int, found: list[bytes]) -> bool:
+    """Add the ``size`` bytes at ``start`` to ``found``; False where the read came back short (a file cut since it
+    was listed): a header cut short would be taken for another stream's."""
+    unit = read(start, size)
+    found.append(unit)
+    return len(unit) == size
 
 
 def _leb128(data: bytes) -> tuple[int, int] | None:

@@ -19,7 +19,7 @@ from lerobot_dali.random_access import NalLayout, is_random_access, nal_layout, 
 from tests.test_clips import _decode_clip, _encode_open_gop
 from tests.test_packet_file_reader import _encode_scene_cut_open_gop
 from tests.test_packet_index_remote import CountingReader, demux_index, index_source  # noqa: F401 (a fixture)
-from tests.video_fixtures import MarkerVideo, encode_intra_refresh, flagged_keyframes, reference_frames
+from tests.video_fixtures import MarkerVideo, encode_intra_refresh, flagged_keyframes, nal_packet, reference_frames
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +150,6 @@ def test_an_intra_refresh_file_costs_a_read_per_keyframe(
 _RECOVERY = b"\x06\x06\x01\xc4\x80"
 
 
-def _avcc(*units: bytes) -> bytes:
-    return b"".join(len(unit).to_bytes(4, "big") + unit for unit in units)
-
-
 @pytest.mark.parametrize(
     ("units", "expected"),
     [
@@ -172,7 +168,7 @@ def _avcc(*units: bytes) -> bytes:
     ],
 )
 def test_h264_slices_are_read_from_their_header(units: tuple[bytes, ...], expected: bool | None) -> None:
-    data = _avcc(*units)
+    data = nal_packet(*units)
     reads: list[tuple[int, int]] = []
 
     def read(offset: int, length: int) -> bytes:
@@ -184,7 +180,7 @@ def test_h264_slices_are_read_from_their_header(units: tuple[bytes, ...], expect
 
 
 def test_a_large_unit_before_the_slice_costs_one_read_more() -> None:
-    data = _avcc(b"\x06" + bytes(700), b"\x41\xc0")
+    data = nal_packet(b"\x06" + bytes(700), b"\x41\xc0")
     reads: list[int] = []
 
     def read(offset: int, length: int) -> bytes:
@@ -199,7 +195,7 @@ def test_a_flagged_keyframe_that_cannot_be_judged_keeps_its_flag() -> None:
     """The index drops a flagged keyframe that is judged no random-access point, and keeps one whose bytes say nothing
     (no slice read: its offset not exact and no head kept). Made up: four 7-byte packets, flagged 0, 2 and 3; the demux
     kept heads of 0 (an IDR) and 2 (a P slice), none of 3."""
-    idr, p_slice = _avcc(b"\x65\x88\x80"), _avcc(b"\x41\xc0\x00")
+    idr, p_slice = nal_packet(b"\x65\x88\x80"), nal_packet(b"\x41\xc0\x00")
     table = np.array([[k, k, 7 * k, 7, k != 1, 0] for k in range(4)])  # (pts, dts, offset, size, keyframe, hidden)
     keyframe = table[:, 4].astype(bool)
     kept = packet_index._random_access_keyframes(
@@ -210,7 +206,7 @@ def test_a_flagged_keyframe_that_cannot_be_judged_keeps_its_flag() -> None:
 
 def test_hevc_irap_and_stream_layouts() -> None:
     def verdict(unit_type: int) -> bool | None:
-        data = _avcc(bytes([unit_type << 1, 1, 0xAF]))
+        data = nal_packet(bytes([unit_type << 1, 1, 0xAF]))
         return is_random_access(NalLayout("hevc", 4), lambda o, n: data[o : o + n], len(data))
 
     assert [t for t in range(32) if verdict(t)] == list(range(16, 22))
@@ -226,16 +222,17 @@ def test_only_idr_and_bla_pictures_start_a_decoder_afresh() -> None:
     a delimiter), an HEVC IDR or BLA; not an I picture at a recovery point, an HEVC CRA, a P slice or an unparsed
     packet."""
     h264 = NalLayout("h264", 4)
-    assert resets_decoder(h264, _avcc(b"\x06\x05\x01\x80", b"\x65\x88"))
-    assert resets_decoder(h264, _avcc(b"\x09\x10", b"\x65\x88"))
-    assert not resets_decoder(h264, _avcc(_RECOVERY, b"\x41\xb8"))  # (a random-access point all the same)
-    assert not resets_decoder(h264, _avcc(b"\x41\xc0"))
-    assert not resets_decoder(h264, _avcc(b"\x06\x05"))  # (no slice)
+    assert resets_decoder(h264, nal_packet(b"\x06\x05\x01\x80", b"\x65\x88"))
+    assert resets_decoder(h264, nal_packet(b"\x09\x10", b"\x65\x88"))
+    assert not resets_decoder(h264, nal_packet(_RECOVERY, b"\x41\xb8"))  # (a random-access point all the same)
+    assert not resets_decoder(h264, nal_packet(b"\x41\xc0"))
+    assert not resets_decoder(h264, nal_packet(b"\x06\x05"))  # (no slice)
     assert not resets_decoder(h264, b"\x00\x00\x00\x01\x65")  # (a unit too short to hold a header)
-    assert not resets_decoder(NalLayout("h264", 2), _avcc(b"\x65\x88"))  # (read with another prefix: no IDR)
+    assert not resets_decoder(NalLayout("h264", 2), nal_packet(b"\x65\x88"))  # (read with another prefix: no IDR)
 
     def hevc(unit_type: int) -> bool:
-        return resets_decoder(NalLayout("hevc", 4), _avcc(bytes([39 << 1, 1, 0xAF]), bytes([unit_type << 1, 1, 0xAF])))
+        units = bytes([39 << 1, 1, 0xAF]), bytes([unit_type << 1, 1, 0xAF])
+        return resets_decoder(NalLayout("hevc", 4), nal_packet(*units))
 
     assert [t for t in range(32) if hevc(t)] == list(range(16, 21))
 

@@ -3,25 +3,26 @@ the packets that do not parse (None, so the packet index decodes that keyframe t
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pytest
 
 from lerobot_dali.sequence_headers import h264_parameter_sets, keyframe_sequence_headers
+from tests.video_fixtures import nal_packet
 
 
-def _found(codec: str, packet: bytes, *, length_size: int = 4, short: int = 0) -> tuple[bytes, ...] | None:
-    """The headers of ``packet``, read through a reader that hands ``short`` bytes fewer than asked (a read cut
-    short) from its second read on."""
+def _found(
+    codec: str, packet: bytes, *, length_size: int = 4, short_reads: Collection[int] = ()
+) -> tuple[bytes, ...] | None:
+    """The headers of ``packet``, read through a reader whose reads numbered ``short_reads`` (1 the first) hand one
+    byte fewer than asked (a read cut short)."""
     reads = []
 
     def read(start: int, length: int) -> bytes:
         reads.append(start)
-        return packet[start : start + length - (short if len(reads) > 1 else 0)]
+        return packet[start : start + length - (len(reads) in short_reads)]
 
     return keyframe_sequence_headers(codec, read, len(packet), length_size=length_size)
-
-
-def _nal(unit: bytes, length_size: int = 4) -> bytes:
-    return len(unit).to_bytes(length_size, "big") + unit
 
 
 # H.264 NAL units: the type is the first byte's low 5 bits (SEI 6, SPS 7, PPS 8; IDR slice 5, non-IDR slice 1).
@@ -32,28 +33,29 @@ IDR, SLICE = b"\x65\x88", b"\x41\x9a"
 
 @pytest.mark.parametrize("length_size", [4, 2, 1])
 def test_h264_headers_are_the_spses_before_the_first_slice_each_whole(length_size: int) -> None:
-    packet = b"".join(_nal(u, length_size) for u in (SEI, SPS, PPS, SPS_2, IDR, SPS, SLICE))
+    packet = nal_packet(SEI, SPS, PPS, SPS_2, IDR, SPS, SLICE, length_size=length_size)
     assert _found("h264", packet, length_size=length_size) == (SPS, SPS_2)  # (the SPS after the slice is not read)
-    assert _found("h264", _nal(SLICE, length_size) + _nal(SPS, length_size), length_size=length_size) == ()
-    assert _found("h264", _nal(PPS, length_size), length_size=length_size) == ()  # (no slice: every unit read)
+    assert _found("h264", nal_packet(SLICE, SPS, length_size=length_size), length_size=length_size) == ()
+    packet = nal_packet(PPS, length_size=length_size)
+    assert _found("h264", packet, length_size=length_size) == ()  # (no slice: every unit read)
 
 
 def test_hevc_headers_are_the_spses_before_the_first_picture_unit() -> None:
     # HEVC NAL units: the type is bits 1-6 of the first of two header bytes (VPS 32, SPS 33, PPS 34; IDR_W_RADL 19,
     # CRA 21, a trailing picture 1: every type under 32 is picture data).
     vps, sps, pps, idr, cra = b"\x40\x01\x0c", b"\x42\x01\x01\x60", b"\x44\x01\xc1", b"\x26\x01\xaf", b"\x2a\x01\xad"
-    assert _found("hevc", b"".join(_nal(u) for u in (vps, sps, pps, idr, sps))) == (sps,)
-    assert _found("hevc", b"".join(_nal(u) for u in (vps, pps, cra, sps))) == ()
+    assert _found("hevc", nal_packet(vps, sps, pps, idr, sps)) == (sps,)
+    assert _found("hevc", nal_packet(vps, pps, cra, sps)) == ()
     # (an H.264 SPS's first byte is an HEVC VCL unit's, type 51 >> 1 & 0x3F = 51: not picture data, not an SPS)
-    assert _found("hevc", b"".join(_nal(u) for u in (SPS, sps, idr))) == (sps,)
+    assert _found("hevc", nal_packet(SPS, sps, idr)) == (sps,)
 
 
 @pytest.mark.parametrize(
     "packet",
     [
-        _nal(SPS) + _nal(b"\x06") + _nal(IDR),  # a unit of one byte: none is shorter than its header
-        _nal(SPS) + (100).to_bytes(4, "big") + IDR,  # a unit said to run past the packet
-        b"\x00\x00\x00\x03" + SPS + _nal(IDR),  # a length one short: the next one misread from the SPS's last byte
+        nal_packet(SPS, b"\x06", IDR),  # a unit of one byte: none is shorter than its header
+        nal_packet(SPS) + (100).to_bytes(4, "big") + IDR,  # a unit said to run past the packet
+        b"\x00\x00\x00\x03" + SPS + nal_packet(IDR),  # a length one short: the next misread from the SPS's last byte
     ],
 )
 def test_units_that_do_not_parse_give_none(packet: bytes) -> None:
@@ -61,15 +63,19 @@ def test_units_that_do_not_parse_give_none(packet: bytes) -> None:
 
 
 def test_a_read_cut_short_gives_none_and_a_tail_too_short_for_a_unit_is_left() -> None:
-    packet = b"".join(_nal(u) for u in (SPS, PPS, IDR))
+    packet = nal_packet(SPS, PPS, IDR)
     assert _found("h264", packet) == (SPS,)
-    assert _found("h264", packet, short=1) is None  # (the second unit's head read one byte short)
-    assert _found("h264", _nal(SPS) + b"\x00\x00\x00\x09\x65") == (SPS,)  # (5 bytes: no unit's length and header)
+    assert _found("h264", packet, short_reads=[2]) is None  # (the SPS's body read one byte short)
+    assert _found("h264", packet, short_reads=[3]) is None  # (the PPS's head)
+    assert _found("h264", packet, short_reads=[5]) == (SPS,)  # (the IDR's body is never read)
+    av1 = _obu(1, b"\x0a\x0b\x0c") + _obu(6, b"\x01")
+    assert (_found("av1", av1), _found("av1", av1, short_reads=[2])) == ((b"\x0a\x0b\x0c",), None)  # (its payload)
+    assert _found("h264", nal_packet(SPS) + b"\x00\x00\x00\x09\x65") == (SPS,)  # (5 bytes: no unit's length and header)
     assert _found("h264", b"") == () and _found("av1", b"") == ()
 
 
 def test_other_codecs_carry_none_in_band() -> None:
-    packet = b"".join(_nal(u) for u in (SPS, IDR))
+    packet = nal_packet(SPS, IDR)
     assert [_found(codec, packet) for codec in ("vp9", "vp8", "mjpeg", "h265")] == [None] * 4
 
 
@@ -122,10 +128,10 @@ def test_an_8_byte_leb128_size_after_an_extension_byte_is_read() -> None:
     assert _found("av1", _obu(2, b"") + padded + _obu(6, b"\x01")) == (header,)
 
 
-def _avcc(sps: list[bytes], pps: list[bytes], *, sps_count: int | None = None, pps_count: int | None = None) -> bytes:
+def _avcc(sps: list[bytes], pps: list[bytes], *, pps_count: int | None = None) -> bytes:
     """An ``avcC`` record: version 1, profile, compatibility, level, the NAL length size byte, then the SPS count
     (in a byte whose top 3 bits are reserved, set), each SPS after its 2-byte size, the PPS count and each PPS."""
-    out = b"\x01\x64\x00\x1f\xff" + bytes([0xE0 | (len(sps) if sps_count is None else sps_count)])
+    out = b"\x01\x64\x00\x1f\xff" + bytes([0xE0 | len(sps)])
     out += b"".join(len(u).to_bytes(2, "big") + u for u in sps)
     out += bytes([len(pps) if pps_count is None else pps_count])
     return out + b"".join(len(u).to_bytes(2, "big") + u for u in pps)

@@ -32,6 +32,11 @@ MARKER_HEIGHT, MARKER_WIDTH = 64, 96
 MarkerVideo = Callable[..., Path]
 
 
+def nal_packet(*units: bytes, length_size: int = 4) -> bytes:
+    """A packet of H.264/HEVC NAL ``units`` as MP4 carries them: each after its size in ``length_size`` bytes."""
+    return b"".join(len(unit).to_bytes(length_size, "big") + unit for unit in units)
+
+
 def encode_marker_video(
     path: Path, codec: str, gop: int, *, height: int = MARKER_HEIGHT, width: int = MARKER_WIDTH
 ) -> Path:
