@@ -836,6 +836,35 @@ def test_a_path_that_is_no_dataset_folder_says_which_folder_to_pass(tmp_path: Pa
         open_dataset(root)
 
 
+def test_a_missing_path_spelled_as_hfs_is_told_its_hub_url_and_no_other_path_is(tmp_path: Path, monkeypatch) -> None:
+    """HfFileSystem's path of a dataset (``datasets/<user>/<name>``, a subfolder or revision after it) is the one
+    missing path told its ``hf://`` URL: not another folder's, nor one whose user or name is no repo id's."""
+    monkeypatch.chdir(tmp_path)
+    for given in ("datasets/user/ds", "datasets/user/ds/sub"):
+        said = f"check the path, or for the Hub dataset pass 'hf://{given}'"
+        with pytest.raises(DatasetNotFoundError, match=re.escape(said) + "$"):
+            open_dataset(given)
+    for given in ("sets/user/ds", "datasets/-user/ds", "datasets/user/-ds", str(tmp_path / "datasets/user/ds")):
+        with pytest.raises(
+            DatasetNotFoundError, match=r"\(e\.g\. 'hf://datasets/user/name', 's3://bucket/path'\): check the path$"
+        ):
+            open_dataset(given)
+
+
+def test_a_folder_of_datasets_names_the_first_and_how_many_it_holds(tmp_path: Path) -> None:
+    """One dataset: pass it; two: the first by name (not the one made first), and that there are 2."""
+    said = {
+        "b": f"it holds dataset folders: pass {str(tmp_path / 'b')!r}",
+        "a": f"it holds dataset folders: pass {str(tmp_path / 'a')!r} or another of the 2 it holds; several read as "
+        "one with concat_datasets",
+    }
+    for name in ("b", "a"):
+        (tmp_path / name / "meta").mkdir(parents=True)
+        (tmp_path / name / "meta/info.json").write_text("{}")
+        with pytest.raises(DatasetNotFoundError, match=re.escape(said[name]) + "$"):
+            open_dataset(tmp_path)
+
+
 def test_a_device_pipe_broken_link_or_empty_path_given_as_the_dataset_is_named_as_such(tmp_path: Path) -> None:
     """Each was said not to be there: '/dev/null' as "('/dev' exists, 'null' not in it)", a named pipe or a link to
     nothing as "'fifo' not in it" beside it, and '' (the current folder) as its parent lacking it."""

@@ -280,6 +280,8 @@ def test_a_missing_repo_or_an_unreachable_hub_is_dataset_not_found(monkeypatch, 
         ("hf://spaces/user/ds@v1.0", "hf://datasets/user/ds@v1.0"),
         ("hf://datasets/user/ds@", "hf://datasets/user/ds"),  # (it named the URL refused as the one meant)
         ("hf://datasets/user/ds@/sub", "hf://datasets/user/ds/sub"),
+        ("hf://-user/ds", None),  # (no URL meant where the user or the name is no repo id's: "-" starts neither)
+        ("hf://user/-ds", None),
     ],
 )
 def test_an_hf_url_that_names_no_dataset_repo_says_how_to_write_one(
