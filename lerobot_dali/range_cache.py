@@ -467,9 +467,12 @@ class RangeCache:
             if len(found) == adopted:
                 shutil.rmtree(folder, ignore_errors=True)
         for _, entry in sorted(found, key=lambda item: item[0]):
+            if entry.key in self._entries:  # (two files of one range, as folders merged by hand leave: the newer kept)
+                _delete(self._entries[entry.key].file)
+            else:
+                self._evictable(entry.key)
+                self._bytes += entry.key.size
             self._entries[entry.key] = entry
-            self._evictable(entry.key)
-            self._bytes += entry.key.size
         self._make_room(0)
         if found:
             logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +123,28 @@ def test_adoption_evicts_down_to_the_bound_to_the_byte(tmp_path: Path) -> None:
     os.utime(_entry_file(tmp_path, older), (1_000_000, 1_000_000))
     cache = RangeCache(tmp_path, max_bytes=120)
     assert not cache.holds(older) and cache.holds(newer) and cache.bytes_cached == 61 == _disk_bytes(tmp_path)
+    cache.close()
+
+
+def test_two_files_of_one_range_adopt_as_one_the_newer(tmp_path: Path, caplog) -> None:
+    """An entry beside another of the same range (another checksum: folders merged by hand) was adopted besides it,
+    its bytes counted twice and never evicted, so a later run said the cache was full of bytes no episode held. The
+    newer is kept, the older deleted."""
+    key = ByteRange("p", 0, 100)
+    _earlier_run(tmp_path, key)
+    older = _entry_file(tmp_path, key)
+    newer = older.with_name(f"0-100-{zlib.crc32(b'y' * 100):08x}.bin")
+    newer.write_bytes(b"y" * 100)
+    os.utime(older, (1_000_000, 1_000_000))
+    cache = RangeCache(tmp_path, max_bytes=150)
+    assert _entry_file(tmp_path, key).stem == newer.stem  # (the one file of the range left)
+    assert cache.bytes_cached == 100 == _disk_bytes(tmp_path)
+    calls: list[ByteRange] = []
+    assert cache.acquire("a", [key], _fetcher(b"y" * 100, calls)) == 0 and calls == []  # (its checksum is the newer's)
+    cache.release("a")
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali.range_cache"):  # (the 100 bytes released: evicted)
+        assert cache.acquire("b", [ByteRange("q", 0, 150)], _fetcher(bytes(150), calls)) == 150
+    assert "is full" not in caplog.text and cache.bytes_cached == 150 == _disk_bytes(tmp_path)
     cache.close()
 
 
