@@ -20,7 +20,7 @@ import torch
 from lerobot_dali.augment import AugmentConfig, ColorJitter, Normalize
 from lerobot_dali.dataset_info import Feature
 from lerobot_dali.dataset_reader import open_dataset
-from lerobot_dali.depth_maps import DepthQuantizer, DepthUnit
+from lerobot_dali.depth_maps import DepthQuantizer, DepthUnit, in_unit
 from lerobot_dali.errors import DatasetError
 from lerobot_dali.iterator import DALILeRobotIterator
 
@@ -289,6 +289,18 @@ def test_a_depth_image_camera_reads_its_stored_depth_in_the_asked_unit(depth_ima
         assert depth.dtype == np.float32 and depth.shape == (2, 1, 32, 48)
         np.testing.assert_array_equal(depth, expected)
         assert s[CAM].shape == (3, 64, 96)  # the colour image camera, no window: as LeRobot
+
+
+def test_depth_stored_in_one_unit_reads_in_the_other_as_lerobot_converts() -> None:
+    """Metres to millimetres by float32 multiplication, millimetres to metres by division, in place; a unit the
+    dataset does not give leaves the values as stored (the image camera's case above reads millimetres only)."""
+    stored = np.array([0.5, 1.25, 3e-4], np.float32)
+    for given, unit, expected in (("m", "mm", stored * np.float32(1000)), ("mm", "m", stored / np.float32(1000))):
+        depth = stored.copy()
+        assert in_unit(depth, given, DepthUnit(unit)) is depth
+        np.testing.assert_array_equal(depth, expected)
+    for given, unit in (("m", "m"), ("mm", "mm"), (None, "m"), (None, "mm")):
+        np.testing.assert_array_equal(in_unit(stored.copy(), given, DepthUnit(unit)), stored)
 
 
 @pytest.mark.parametrize(
