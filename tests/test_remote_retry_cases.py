@@ -254,3 +254,15 @@ def test_a_read_of_no_byte_asks_nothing_and_one_of_the_rest_asks_for_exactly_the
         f.seek(10)
         assert [f.read(0), f.read()] == [b"", DATA[10:]]
     assert asked == [len(DATA) - 10]
+
+
+def test_read_of_none_and_readall_read_the_rest_and_a_seek_from_the_end_asks_no_size_known(tmp_path: Path) -> None:
+    (tmp_path / "blob.bin").write_bytes(DATA)
+    fake = _Handles(str(tmp_path))
+    f = RetryingFileSystem(fake, policy=FAST).open("blob.bin", "rb")
+    f.seek(10)
+    assert f.read(None) == DATA[10:]
+    assert f.seek(-20, 2) == len(DATA) - 20 and f.readall() == DATA[-20:]
+    assert fake.requests == {"open": 1, "read": 2}  # (the size known at open: no info)
+    f.close()
+    assert f.closed and fake.opened[0].closed
