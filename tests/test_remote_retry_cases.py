@@ -266,3 +266,30 @@ def test_read_of_none_and_readall_read_the_rest_and_a_seek_from_the_end_asks_no_
     assert fake.requests == {"open": 1, "read": 2}  # (the size known at open: no info)
     f.close()
     assert f.closed and fake.opened[0].closed
+
+
+class _Sizeless(_Handles):
+    """A :class:`_Handles` remote whose files come without a size, and whose ``info`` gives one where ``sized``."""
+
+    sized = True
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        handle = super()._open(path, mode, **kwargs)
+        handle.size = None
+        return handle
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return {**super().info(path, **kwargs), **({} if self.sized else {"size": None})}
+
+
+def test_a_seek_from_the_end_of_a_file_opened_without_a_size_asks_it_or_names_the_server(tmp_path: Path) -> None:
+    """A file opened without a size (fsspec's streaming file) asks it for a seek from its end; a server that gives
+    none is named, with the fix."""
+    (tmp_path / "blob.bin").write_bytes(DATA)
+    fake = _Sizeless(str(tmp_path))
+    with RetryingFileSystem(fake, policy=FAST).open("blob.bin", "rb") as f:
+        assert f.size is None and f.seek(-5, 2) == len(DATA) - 5 and f.read() == DATA[-5:]
+    fake.sized = False
+    whole = r"^blob\.bin: the server sends this file only whole \(it answered no Content-Length\)"
+    with RetryingFileSystem(fake, policy=FAST).open("blob.bin", "rb") as f, pytest.raises(DatasetError, match=whole):
+        f.seek(-5, 2)
