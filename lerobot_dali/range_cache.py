@@ -475,7 +475,9 @@ class RangeCache:
             self._entries[entry.key] = entry
         self._make_room(0)
         if found:
-            logger.info("prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(found), self._bytes)
+            logger.info(
+                "prefetch cache %s: adopted %d range(s), %d bytes", self.directory, len(self._entries), self._bytes
+            )
 
 
 def _delete(path: Path) -> None:

@@ -136,7 +136,9 @@ def test_two_files_of_one_range_adopt_as_one_the_newer(tmp_path: Path, caplog) -
     newer = older.with_name(f"0-100-{zlib.crc32(b'y' * 100):08x}.bin")
     newer.write_bytes(b"y" * 100)
     os.utime(older, (1_000_000, 1_000_000))
-    cache = RangeCache(tmp_path, max_bytes=150)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.range_cache"):
+        cache = RangeCache(tmp_path, max_bytes=150)
+    assert f"prefetch cache {tmp_path}: adopted 1 range(s), 100 bytes" in caplog.text
     assert _entry_file(tmp_path, key).stem == newer.stem  # (the one file of the range left)
     assert cache.bytes_cached == 100 == _disk_bytes(tmp_path)
     calls: list[ByteRange] = []
