@@ -349,6 +349,14 @@ def test_a_quantiser_that_maps_no_depth_range_is_refused(params: dict, message: 
         ]  # fmt: skip
 
 
+def test_a_log_quantiser_whose_depth_min_and_shift_sum_below_1_is_valid_and_codes_are_left_as_given() -> None:
+    """The log's argument need only be positive (log(0.1) < 0 is a depth like any other); the codes given, of any
+    dtype, are read, never written (a float32 array went through torch without a copy)."""
+    codes = np.array([0, 4095], np.float32)
+    depth = DepthQuantizer(depth_min=0.5, shift=-0.4).dequantize(codes, DepthUnit.MM)
+    assert depth.tolist() == [500.0, 10000.0] and codes.tolist() == [0.0, 4095.0]
+
+
 def test_depth_images_decode_as_lerobot_reads_each_mode() -> None:
     """16-bit and float images as stored; 8-bit ones divided by 255, as LeRobot's ToTensor divides them."""
     from PIL import Image
