@@ -131,10 +131,8 @@ def test_an_8_byte_leb128_size_after_an_extension_byte_is_read() -> None:
 def _avcc(sps: list[bytes], pps: list[bytes], *, pps_count: int | None = None) -> bytes:
     """An ``avcC`` record: version 1, profile, compatibility, level, the NAL length size byte, then the SPS count
     (in a byte whose top 3 bits are reserved, set), each SPS after its 2-byte size, the PPS count and each PPS."""
-    out = b"\x01\x64\x00\x1f\xff" + bytes([0xE0 | len(sps)])
-    out += b"".join(len(u).to_bytes(2, "big") + u for u in sps)
-    out += bytes([len(pps) if pps_count is None else pps_count])
-    return out + b"".join(len(u).to_bytes(2, "big") + u for u in pps)
+    out = b"\x01\x64\x00\x1f\xff" + bytes([0xE0 | len(sps)]) + nal_packet(*sps, length_size=2)
+    return out + bytes([len(pps) if pps_count is None else pps_count]) + nal_packet(*pps, length_size=2)
 
 
 def test_avcc_parameter_sets_are_its_spses_then_its_ppses_each_whole() -> None:
