@@ -95,6 +95,9 @@ def test_stamp_needs_a_size() -> None:
         stamp_from_info({"name": "https://h/x.mp4", "size": None})
     with pytest.raises(ValueError, match=r"https://h/y\.mp4: the filesystem reports no size \(True\)"):
         stamp_from_info({"name": "https://h/y.mp4", "size": True})  # (a bool is an int to isinstance)
+    with pytest.raises(ValueError, match=r"https://h/z\.mp4: the filesystem reports no size \(-1\)"):
+        stamp_from_info({"name": "https://h/z.mp4", "size": -1})
+    assert stamp_from_info({"name": "empty", "size": 0}) == FileStamp(0, "")
     with pytest.raises(ValueError, match="non-negative int"):
         FileStamp(-1, "")
 
@@ -220,17 +223,21 @@ class UnlistableRemote(FakeRemoteFileSystem):
 
 
 @pytest.mark.parametrize("failure", ["unsupported", "missing", "http_error", "empty", "links_without_sizes"])
-def test_falls_back_to_one_memoised_info_per_file(tmp_path: Path, failure: str) -> None:
+def test_falls_back_to_one_memoised_info_per_file(tmp_path: Path, failure: str, caplog) -> None:
     names = _tree(tmp_path)
     remote = UnlistableRemote(str(tmp_path), failure=failure)
-    stamps = FileStamps(remote, ["videos"])
-    assert (len(stamps), dict(remote.requests)) == (0, {"find": 1})
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.file_stamps"):
+        stamps = FileStamps(remote, ["videos"])
+        assert stamps.add_root("videos") == 0  # (none recorded: listed again, for nothing)
+    assert (len(stamps), dict(remote.requests)) == (0, {"find": 2})
+    sizeless = "listing videos returned no file with a size; file stamps come from info requests"
+    assert (sizeless in caplog.messages) == (failure in ("empty", "links_without_sizes"))
     first, second = names[0], names[7]
     assert stamps[first] == stamp_from_info(LocalFileSystem().info(str(tmp_path / first)))
     assert stamps[second].size == 100 + 10 + 3
     assert stamps[first].size == 100  # memoised
-    assert dict(remote.requests) == {"find": 1, "info": 2}
-    assert (stamps.listing_calls, stamps.info_calls, len(stamps)) == (1, 2, 2)
+    assert dict(remote.requests) == {"find": 2, "info": 2}
+    assert (stamps.listing_calls, stamps.info_calls, len(stamps)) == (2, 2, 2)
 
 
 def test_missing_file_names_the_path(tmp_path: Path) -> None:
@@ -300,9 +307,26 @@ def test_stamps_sharing_a_table_keep_the_first_stamps_and_one_run_version() -> N
     dataset, copy = FileStamps(fs), FileStamps(fs)
     first = dataset["/shared-table/a.bin"]
     assert copy["/shared-table/a.bin"] != first  # (each its own run version)
+    fs.pipe("/shared-table/c.bin", b"z")
+    own = copy["/shared-table/c.bin"]  # (stamped by the copy alone)
     copy.share(dataset)
     assert copy["/shared-table/a.bin"] == first == dataset["/shared-table/a.bin"]
+    assert "/shared-table/c.bin" in dataset and dataset["/shared-table/c.bin"] == own  # (the copy's, in the one table)
     assert copy["/shared-table/b.bin"].version == first.version and "/shared-table/b.bin" in dataset
+
+
+def test_merged_stamps_hold_every_parts_stamps_and_count_their_requests(tmp_path: Path, caplog) -> None:
+    """A union's stamps: each dataset's, the first's filesystem asked for what none listed, and the requests its
+    datasets made counted (its repr, logged with a run's requests)."""
+    _tree(tmp_path, cameras=1, files=2)
+    with caplog.at_level(logging.DEBUG, logger="lerobot_dali.file_stamps"):
+        listed = FileStamps(FakeRemoteFileSystem(str(tmp_path)), ["videos"])
+    assert not [m for m in caplog.messages if "no file with a size" in m] and len(listed) == 3
+    asked = FileStamps(UnlistableRemote(str(tmp_path)), ["videos"])
+    asked["videos/observation.images.cam0/chunk-000/file-000.mp4"]
+    merged = FileStamps.merged([listed, asked])
+    assert (merged.listing_calls, merged.info_calls, len(merged), merged.fs) == (2, 1, len(listed), listed.fs)
+    assert dict(merged.items()) == {**dict(asked.items()), **dict(listed.items())}
 
 
 def test_the_ranks_of_one_launch_share_the_nth_run_version_of_one_root(monkeypatch) -> None:
@@ -321,8 +345,11 @@ def test_the_ranks_of_one_launch_share_the_nth_run_version_of_one_root(monkeypat
     rank1 = [FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)]
     assert rank0 == rank1 and rank0[0] != rank0[1] and rank0[0].startswith("run:launch-1:")
     monkeypatch.setattr(file_stamps, "launch_key", lambda: None)
+    monkeypatch.setattr(file_stamps, "_made", Counter())  # (a run launched alone)
     alone = [FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)]
     assert alone[0] != alone[1] and not set(alone) & set(rank0)
+    monkeypatch.setattr(file_stamps, "_made", Counter())  # (the next run, launched alone: no version of this one's)
+    assert not {FileStamps(fs, ["/ranks"])["/ranks/a.bin"].version for _ in range(2)} & set(alone)
 
 
 def test_threads_looking_up_one_path_ask_once() -> None:

@@ -2832,3 +2832,45 @@ def test_a_stamp_asked_again_takes_no_size_from_an_encoded_length_or_a_whole_ans
         server.fail_next(None, None, "whole_as_range")  # (its Content-Range, beside a 200, says nothing of the file)
         with pytest.raises(StampUntold, match=r"f\.bin: the server, asked for the file's stamp, gave neither"):
             stamps.change_now(url, vouching=True)
+
+
+@pytest.mark.parametrize("answer", [206, 200])
+def test_a_stamp_asked_again_of_a_server_giving_no_version_tells_a_change_by_the_size_its_first_byte_says(
+    tmp_path: Path, slept, monkeypatch, answer: int
+) -> None:
+    """Where fsspec's info gives no size and the server no version (ETag, Last-Modified), the size the first byte's
+    answer tells (a 206's Content-Range; a 200's Content-Length, from a server that ignores the Range) is all that
+    tells a rewritten file from the stamped one: the same size is no change, another is named by both sizes."""
+    from lerobot_dali.file_stamps import FileStamps
+
+    (tmp_path / "f.bin").write_bytes(_DATA)
+    with serve_folder(tmp_path) as server:
+        http = fsspec.filesystem("http", skip_instance_cache=True)
+        stamps = FileStamps(RetryingFileSystem(http, policy=RetryPolicy(2)))
+        url = f"{server.url}/f.bin"
+        assert stamps[url].size == len(_DATA)
+        info = http.info
+        monkeypatch.setattr(http, "info", lambda path, **kw: {k: v for k, v in info(path, **kw).items() if k != "size"})
+        server.versions = False
+        server.fail_next(*([None, "no_range"] * 2 if answer == 200 else []))  # (each: fsspec's HEAD, the ranged GET)
+        assert stamps.change_now(url) is None
+        (tmp_path / "f.bin").write_bytes(_DATA[:1000])
+        assert stamps.change_now(url) == (f"{len(_DATA)} bytes", "1000 bytes")
+        ranged = [(r.method, r.range, r.status) for r in server.records if r.range == "bytes=0-0"]
+        assert ranged == [("GET", "bytes=0-0", answer)] * 2
+
+
+def test_stamps_over_plain_http_list_no_folder_and_ask_each_file_once(tmp_path: Path) -> None:
+    """Plain HTTP index pages give no file sizes: a root is not listed (a GET per folder, for nothing); each file's
+    stamp is one info request, the first time it is looked up."""
+    from lerobot_dali.file_stamps import FileStamps
+
+    (tmp_path / "videos" / "a").mkdir(parents=True)
+    (tmp_path / "videos" / "a" / "f.bin").write_bytes(_DATA)
+    with serve_folder(tmp_path) as server:
+        fs = RetryingFileSystem(fsspec.filesystem("http", skip_instance_cache=True), policy=RetryPolicy(2))
+        stamps = FileStamps(fs, [f"{server.url}/videos"])
+        assert (len(stamps), stamps.listing_calls, stamps.add_root(f"{server.url}/videos")) == (0, 0, 0)
+        for _ in range(2):
+            assert stamps[f"{server.url}/videos/a/f.bin"].size == len(_DATA)
+        assert [r.kind for r in server.records if r.kind == "listing"] == [] and stamps.info_calls == 1
