@@ -1,0 +1,122 @@
+"""``DatasetUnion``: behaviour a second mutation pass over :mod:`lerobot_dali.dataset_union` found untested, on the
+two datasets of :mod:`tests.test_dataset_union` (5 + 7 + 4 and 9 + 3 frames, v3.0 and v2.1, task seeds 0 and 1)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from lerobot_dali import concat_datasets
+from tests.http_server import serve_folder
+from tests.test_dataset_union import _datasets, _without
+
+
+@pytest.mark.parametrize("position", [5, 6, -1])
+def test_a_position_past_the_unions_episodes_is_refused_naming_the_union(make_ds, position: int) -> None:
+    """The union holds 3 + 2 episodes: position 5 (one past the end), 6 or -1 is no episode of it, refused naming the
+    union and its positions; without the check, -1 was the last dataset's position -6 (refused naming that dataset)
+    and 5 its position 2 of a third dataset the union does not have."""
+    union = concat_datasets(_datasets(make_ds))
+    said = re.escape(
+        f"episode position {position} is not one of the 5 episodes {union.location.description} reads (positions 0..4"
+    )
+    for asked in (union.member, union.read_episode, union.data_path, union.source_of):
+        with pytest.raises(IndexError, match=f"^{said}"):
+            asked(position)
+    assert [union.member(pos) for pos in range(5)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+
+
+def test_a_union_without_its_dataset_index_reads_rows_without_it(make_ds) -> None:
+    """A union read beside other datasets (a mixture's) carries no dataset_index in its rows, nor declares it; the
+    union itself gives every row of the second dataset's episodes dataset_index 1."""
+    union = concat_datasets(_datasets(make_ds))
+    rows = union.read_episode(3)
+    np.testing.assert_array_equal(rows["dataset_index"], np.ones(9, dtype=np.int64))
+    assert rows["dataset_index"].dtype == np.int64
+    bare = union.without_dataset_index()
+    for pos in range(5):
+        assert "dataset_index" not in bare.read_episode(pos)
+    assert "dataset_index" not in bare.tabular_keys and "dataset_index" not in bare.info.features
+    assert set(bare.read_episode(3)) == set(rows) - {"dataset_index"}
+
+
+def test_a_union_of_datasets_without_task_index_reads_their_rows_without_it(make_ds, tmp_path) -> None:
+    """Datasets that declare no task_index (refused by the iterator, which batches it) still read their rows through
+    the union: without a task_index, none offset."""
+    first, second = _datasets(make_ds)
+    paths = [_without(path, tmp_path / f"no_task_index_{i}", "task_index") for i, path in enumerate((first, second))]
+    union = concat_datasets(paths)
+    rows = union.read_episode(3)
+    assert "task_index" not in rows
+    np.testing.assert_array_equal(rows["frame_index"], np.arange(9))
+    np.testing.assert_array_equal(rows["dataset_index"], np.ones(9, dtype=np.int64))
+    assert "task_index" not in union.read_episode(0) and len(union.read_episode(0)["index"]) == 5
+
+
+class _HoldsEvery:
+    """A column store that wants every read and holds every file: records the (path, stamp) it was asked of."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, object]] = []
+
+    def wants(self, group_rows: int, rows: int) -> bool:
+        return True
+
+    def holds(self, path: str, stamp: object, columns: list[str]) -> bool:
+        self.asked.append((path, stamp))
+        return True
+
+
+def test_a_remote_unions_stored_rows_are_asked_of_the_dataset_holding_the_file(make_ds, tmp_path_factory) -> None:
+    """Whether an episode's rows are stored is asked of the column store of the dataset whose listing holds its data
+    file, with that dataset's stamp of it (another dataset's listing has no such file)."""
+    paths = _datasets(make_ds)
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        union = concat_datasets([f"{server.url}/{p.parent.name}/{p.name}" for p in paths])
+        stores = [_HoldsEvery(), _HoldsEvery()]
+        for member, store in zip(union.members, stores, strict=True):
+            member.column_store = store
+        assert [union.rows_stored(union.data_path(pos), 4, 5) for pos in range(5)] == [True] * 5
+        for d, store in enumerate(stores):
+            own = [pos for pos in range(5) if union.member(pos)[0] == d]
+            expected = [(union.data_path(pos), union.members[d].stamps[union.data_path(pos)]) for pos in own]
+            assert sorted(set(store.asked)) == sorted(set(expected)), (d, store.asked)
+        # (a path no dataset's listing holds: no store is asked)
+        assert not union.rows_stored(f"{server.url}/elsewhere/data.parquet", 4, 5)
+
+
+def test_a_unions_copy_for_workers_drops_the_task_texts_and_a_selection_keeps_them(make_ds) -> None:
+    """Workers never read task texts: the union's copy for them holds none (nor do its datasets), while its rows keep
+    the union's task_index (the second dataset's offset by the first's two tasks); a selection keeps the texts."""
+    union = concat_datasets(_datasets(make_ds))
+    assert union.tasks == {0: union.tasks[0], 1: union.tasks[1], 2: union.tasks[2], 3: union.tasks[3]}
+    workers = union.for_workers()
+    assert workers.tasks == {} and [member.tasks for member in workers.members] == [{}, {}]
+    assert workers.task_offsets == union.task_offsets == (0, 2)
+    for pos in range(5):
+        np.testing.assert_array_equal(workers.read_episode(pos)["task_index"], union.read_episode(pos)["task_index"])
+    assert set(union.read_episode(3)["task_index"].tolist()) <= {2, 3}
+    assert union.select(keys=["action"]).tasks == union.tasks
+
+
+def test_a_remote_unions_copies_share_its_file_stamps(make_ds, tmp_path_factory, tmp_path) -> None:
+    """A remote union's copies (a selection, the workers' copy) hold one table of stamps with it: a file first stamped
+    through a copy is the union's too (asked again through it after a rewrite, the new file was stamped, and read),
+    and the other way round."""
+    paths = _datasets(make_ds)
+    base = tmp_path_factory.getbasetemp()
+    for name in ("first.bin", "second.bin"):
+        (tmp_path / name).write_bytes(b"x" * 10)
+    with serve_folder(base) as server:
+        union = concat_datasets([f"{server.url}/{p.parent.name}/{p.name}" for p in paths])
+        files = [f"{server.url}/{(tmp_path / name).relative_to(base)}" for name in ("first.bin", "second.bin")]
+        assert not any(path in union.stamps for path in files)
+        selected, workers = union.select(keys=["action"]), union.for_workers()
+        stamp = selected.stamps[files[0]]
+        assert stamp.size == 10
+        assert files[0] in union.stamps and files[0] in workers.stamps
+        assert union.stamps[files[0]] is stamp and workers.stamps[files[0]] is stamp
+        stamp = union.stamps[files[1]]
+        assert files[1] in selected.stamps and selected.stamps[files[1]] is stamp and workers.stamps[files[1]] is stamp
