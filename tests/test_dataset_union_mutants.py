@@ -3,12 +3,15 @@ two datasets of :mod:`tests.test_dataset_union` (5 + 7 + 4 and 9 + 3 frames, v3.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import numpy as np
 import pytest
 
-from lerobot_dali import concat_datasets
+from lerobot_dali import concat_datasets, open_dataset
+from lerobot_dali.dataset_union import DatasetUnion, MemberFileSystems
+from lerobot_dali.frame_lookup import ITERATORS_LOOKUP
 from tests.http_server import serve_folder
 from tests.test_dataset_union import _datasets, _without
 
@@ -120,3 +123,109 @@ def test_a_remote_unions_copies_share_its_file_stamps(make_ds, tmp_path_factory,
         assert union.stamps[files[0]] is stamp and workers.stamps[files[0]] is stamp
         stamp = union.stamps[files[1]]
         assert files[1] in selected.stamps and selected.stamps[files[1]] is stamp and workers.stamps[files[1]] is stamp
+
+
+def test_a_union_of_three_datasets_names_all_three_and_no_digest(make_ds) -> None:
+    """Up to three datasets the description names each of them alone (past three: the count and a digest)."""
+    first, second = _datasets(make_ds)
+    union = concat_datasets([first, second, first])
+    assert union.location.description == f"union of {first}, {second}, {first}"
+
+
+def test_a_union_built_from_readers_alone_reads_each_under_its_own_keys(make_ds) -> None:
+    """``DatasetUnion(readers)`` without renames or lookups: each dataset's keys as its own, its rows finding their
+    frames as the iterator says, its tasks numbered after the previous dataset's, dataset_index in every row."""
+    first, second = _datasets(make_ds)
+    union = DatasetUnion([open_dataset(first), open_dataset(second)])
+    built = concat_datasets([first, second])
+    assert union.lookups == (ITERATORS_LOOKUP, ITERATORS_LOOKUP)
+    assert [dict(rename.to_batch) for rename in union.renames] == [{}, {}]
+    assert (union.num_episodes, union.num_frames, union.task_offsets, union.tasks) == (5, 28, (0, 2), built.tasks)
+    assert union.camera_keys == built.camera_keys and union.tabular_keys == built.tabular_keys
+    for pos in range(5):
+        rows, expected = union.read_episode(pos), built.read_episode(pos)
+        assert set(rows) == set(expected)
+        for key, values in expected.items():
+            np.testing.assert_array_equal(rows[key], values)
+
+
+def test_a_union_of_copies_without_task_texts_keeps_the_texts_it_is_given(make_ds) -> None:
+    """A union over its workers' copies of its datasets (which carry no task texts) holds the texts and offsets it is
+    given, not an empty task list recomputed from them."""
+    union = concat_datasets(_datasets(make_ds))
+    workers = [member.for_workers() for member in union.members]
+    rebuilt = DatasetUnion(workers, task_offsets=union.task_offsets, tasks=union.tasks)
+    assert rebuilt.tasks == union.tasks and len(rebuilt.tasks) == 4 and rebuilt.info.total_tasks == 4
+    assert rebuilt.task_offsets == (0, 2)
+
+
+def test_datasets_without_task_texts_take_up_no_task_indices(make_ds) -> None:
+    """Offsets count each dataset's tasks (its highest index plus one): datasets holding no task texts (workers'
+    copies) take up none, so every offset is 0; with their texts, the second's follow the first's two."""
+    first, second = _datasets(make_ds)
+    readers = [open_dataset(first), open_dataset(second)]
+    assert DatasetUnion(readers).task_offsets == (0, 2)
+    assert DatasetUnion([reader.for_workers() for reader in readers]).task_offsets == (0, 0)
+    assert DatasetUnion([readers[0].for_workers(), *readers]).task_offsets == (0, 0, 2)
+
+
+def test_only_a_dataset_lacking_a_keys_statistics_is_said_to_lack_them(make_ds, copy_ds, caplog) -> None:
+    """Every dataset with statistics: nothing said. The second without any: each key is said to lack them in the
+    second alone (pooled over the first), never in the first, which has them."""
+    first, second = _datasets(make_ds)
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        concat_datasets([first, second]).read_stats()
+    assert "has no statistics" not in caplog.text, caplog.text
+    second = copy_ds(second)
+    (second / "meta/episodes_stats.jsonl").unlink()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        concat_datasets([first, second]).read_stats()
+    said = [r.getMessage() for r in caplog.records if "has no statistics" in r.getMessage()]
+    assert any(f"observation.state has no statistics in ['{second}']; pooled over" in line for line in said), said
+    assert not any(str(first) in line.split("has no statistics in")[1] for line in said), said
+
+
+@pytest.mark.parametrize("local_first", [True, False])
+def test_a_mixed_unions_filesystem_routes_each_file_to_its_dataset_and_has_the_firsts_protocol(
+    make_ds, tmp_path_factory, local_first: bool
+) -> None:
+    """A local folder and an HTTP dataset: the union's filesystem sends each path to its own dataset's (a local one
+    read by path, the remote one's with its options), and speaks its first dataset's protocol."""
+    first, second = _datasets(make_ds)
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        url = f"{server.url}/{second.parent.name}/{second.name}"
+        union = concat_datasets([first, url] if local_first else [url, first])
+        fs = union.location.fs
+        assert isinstance(fs, MemberFileSystems) and not union.location.is_local
+        member_fs = [member.location.fs for member in union.members]
+        assert fs.protocol == member_fs[0].protocol != member_fs[1].protocol
+        for pos in range(union.num_episodes):
+            d, _ = union.member(pos)
+            assert fs.route(union.data_path(pos)) is member_fs[d]
+            assert fs.route(union.video(pos, union.camera_keys[0]).path) is member_fs[d]
+
+
+def test_datasets_read_through_one_client_share_the_first_datasets_filesystem(make_ds, tmp_path_factory) -> None:
+    """Local folders alike, and HTTP datasets of one server with the same options: the union reads through its first
+    dataset's filesystem itself, no router in front of it."""
+    paths = _datasets(make_ds)
+    local = concat_datasets(paths)
+    assert local.location.fs is local.members[0].location.fs
+    with serve_folder(tmp_path_factory.getbasetemp()) as server:
+        remote = concat_datasets([f"{server.url}/{p.parent.name}/{p.name}" for p in paths])
+        assert remote.location.fs is remote.members[0].location.fs
+        assert not isinstance(remote.location.fs, MemberFileSystems)
+
+
+def test_datasets_with_one_subtask_list_give_the_union_its_strings_without_a_warning(make_ds, tmp_path, caplog) -> None:
+    """Both datasets hold the same meta/subtasks.parquet: the union holds that list (so batches carry the
+    ``subtask`` strings), and says nothing of lists that differ."""
+    from tests.test_extra_features import SUBTASKS, _with_subtasks
+
+    plain = [make_ds(episodes=2, frames_per_episode=[4, 3], cameras=0, fps=10, seed=seed) for seed in (0, 1)]
+    paths = [_with_subtasks(path, tmp_path / f"subtasks_{i}") for i, path in enumerate(plain)]
+    with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
+        union = concat_datasets(paths, cameras=[])
+    assert union.subtasks == dict(enumerate(SUBTASKS))
+    assert "subtask lists" not in caplog.text, caplog.text
