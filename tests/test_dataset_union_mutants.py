@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lerobot_dali import concat_datasets, open_dataset
-from lerobot_dali.dataset_union import DatasetUnion, MemberFileSystems
+from lerobot_dali.dataset_union import DatasetUnion, MemberFileSystems, open_all
 from lerobot_dali.frame_lookup import ITERATORS_LOOKUP
 from tests.http_server import serve_folder
 from tests.test_dataset_union import _datasets, _without
@@ -229,3 +229,27 @@ def test_datasets_with_one_subtask_list_give_the_union_its_strings_without_a_war
         union = concat_datasets(paths, cameras=[])
     assert union.subtasks == dict(enumerate(SUBTASKS))
     assert "subtask lists" not in caplog.text, caplog.text
+
+
+def test_only_a_dataset_finding_its_frames_its_own_way_is_said_to(make_ds, caplog) -> None:
+    """A union says what it holds; where its second dataset reads by frame_index it says so, of that dataset alone;
+    where every dataset finds its frames as the iterator says, nothing of it."""
+    first, second = _datasets(make_ds)
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"):
+        concat_datasets([first, second])
+    assert "rows find their frames" not in caplog.text, caplog.text
+    assert "union of 2 datasets: 5 episodes, 28 frames, cameras ['observation.images.cam0']" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lerobot_dali"):
+        concat_datasets([first, second], timestamp_sources=[None, "frame_index"])
+    said = [r.getMessage() for r in caplog.records if "rows find their frames" in r.getMessage()]
+    assert said == [f"{second}: rows find their frames with timestamp_source=frame_index"], said
+
+
+def test_opening_one_dataset_given_alone_is_refused_as_not_a_list(make_ds) -> None:
+    """open_all takes a list: one path given alone (a string is a sequence too) is refused, not read letter by
+    letter."""
+    first, _ = _datasets(make_ds)
+    for alone in (str(first), first):
+        with pytest.raises(TypeError, match="^datasets must be a non-empty list of datasets, got "):
+            open_all(alone)
