@@ -253,3 +253,38 @@ def test_opening_one_dataset_given_alone_is_refused_as_not_a_list(make_ds) -> No
     for alone in (str(first), first):
         with pytest.raises(TypeError, match="^datasets must be a non-empty list of datasets, got "):
             open_all(alone)
+
+
+def test_another_selection_of_a_dataset_at_its_own_position_is_left_to_the_episodes_check(make_ds) -> None:
+    """A dataset read with another ``episodes=`` at the position it was saved at holds other contents but its own
+    identity (info.json, task table): no reorder, so not refused here (the episodes' check decides); moved to the
+    other position, it is named by that identity as the dataset saved at 0."""
+    from lerobot_dali.dataset_union import datasets_held, refuse_another_order
+    from lerobot_dali.errors import ResumeStateError
+
+    first, second = _datasets(make_ds)
+    saved = datasets_held([open_dataset(first, episodes=[0, 1]), open_dataset(second)])
+    refuse_another_order(saved, [open_dataset(first, episodes=[1, 2]), open_dataset(second)], "the union")
+    said = (
+        "this stream state was saved over the union with its datasets in another order: each position would be "
+        f"another dataset's sample ({second} is dataset 0, was 1; {first} is dataset 1, was 0)"
+    )
+    with pytest.raises(ResumeStateError, match=f"^{re.escape(said)}"):
+        refuse_another_order(saved, [open_dataset(second), open_dataset(first, episodes=[1, 2])], "the union")
+
+
+def test_a_state_whose_identities_do_not_match_its_datasets_is_checked_by_contents_alone(make_ds) -> None:
+    """Identities held for another number of datasets than the contents (a state edited by hand, or merged) are not
+    read: the dataset at 1 is named as one the state was not saved over, not matched by the identity at 0."""
+    from lerobot_dali.dataset_union import DATASET_IDENTITIES, datasets_held, refuse_another_order
+    from lerobot_dali.errors import ResumeStateError
+
+    first, second = _datasets(make_ds)
+    saved = datasets_held([open_dataset(first, episodes=[0, 1]), open_dataset(second)])
+    saved[DATASET_IDENTITIES] = saved[DATASET_IDENTITIES][:1]
+    said = (
+        "this stream state was saved over other datasets than the union: each position would be another dataset's "
+        f"sample ({second} is dataset 0, was 1; {first} (dataset 1) is not one it was saved over)"
+    )
+    with pytest.raises(ResumeStateError, match=f"^{re.escape(said)}"):
+        refuse_another_order(saved, [open_dataset(second), open_dataset(first, episodes=[1, 2])], "the union")

@@ -7,6 +7,7 @@ knows what each try met; waits are zero (:data:`FAST`), nothing sleeps.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -127,6 +128,45 @@ def test_a_fresh_client_is_asked_before_each_retry_from_the_second_on_and_said(t
     said = [r.getMessage() for r in caplog.records if "fresh client" in r.getMessage()]
     assert said == [f"cat_file blob.bin: asking for a fresh client before retry {n}" for n in (2, 3)]
     assert asked == [1, 1]
+
+
+def test_the_filesystem_a_fresh_client_gives_is_the_one_later_tries_read_through(tmp_path: Path) -> None:
+    """From the second retry on, a filesystem the fresh-client hook gives replaces the one whose session failed (a
+    closed aiohttp client): the third try reads through it, and the old one is asked no more."""
+    unavailable = [FakeHTTPError(503, "Unavailable") for _ in range(2)]
+    (tmp_path / "blob.bin").write_bytes(DATA)
+    fresh = _Scripted(str(tmp_path))
+    old, fs = _scripted(tmp_path, *unavailable, fresh_client=lambda: fresh)
+    assert fs.cat_file("blob.bin") == DATA
+    assert (dict(old.requests), dict(fresh.requests), fs.fs) == ({"cat_file": 2}, {"cat_file": 1}, fresh)
+
+
+@pytest.mark.parametrize(
+    ("failure", "kind", "said"),
+    [
+        (
+            "The HTTP server doesn't appear to support range requests",
+            DatasetError,
+            "https://h/blob.bin: the server ignored an HTTP Range request (it sent the whole file)",
+        ),
+        ("I/O operation on closed file", ValueError, "I/O operation on closed file"),
+    ],
+)
+def test_a_block_fetch_failing_as_a_server_ignoring_ranges_is_named_so_and_any_other_as_itself(
+    failure: str, kind: type[Exception], said: str
+) -> None:
+    """fsspec's read-ahead fetch raises ValueError where the server ignores Range (naming neither the file nor a fix):
+    raised naming both; any other ValueError is raised as it is, not taken for that."""
+
+    class Cache:
+        def fetcher(self, start: int, end: int) -> bytes:
+            raise ValueError(failure)
+
+    inner = SimpleNamespace(cache=Cache(), size=len(DATA))
+    remote_retry._check_block_fetches(inner, "https://h/blob.bin")
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}") as raised:
+        inner.cache.fetcher(0, 10)
+    assert type(raised.value) is kind
 
 
 def test_a_stamped_files_404_asked_again_is_said_at_info_once_then_at_warning(caplog) -> None:
