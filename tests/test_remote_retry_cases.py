@@ -169,6 +169,27 @@ def test_a_block_fetch_failing_as_a_server_ignoring_ranges_is_named_so_and_any_o
     assert type(raised.value) is kind
 
 
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (FakeHTTPError(401, "Unauthorized"), "refused it (HTTP 401)"),
+        (FakeHTTPError(403, "Forbidden"), "refused it (HTTP 403)"),
+        (PermissionError("Access Denied"), "refused it (HTTP 403)"),  # (s3fs's 403: no status of its own)
+        (FakeHTTPError(503, "Unavailable"), "gave no answer"),
+        (ConnectionResetError("reset"), "gave no answer"),
+    ],
+)
+def test_a_stamp_asked_again_and_refused_is_said_refused_with_its_status_else_unanswered(
+    tmp_path: Path, answer: Exception, said: str
+) -> None:
+    """What the server did where it was asked for a stamped file's stamp again and gave none: a refusal (401, 403, a
+    filesystem's PermissionError, which carries no status: 403) is named with its status; anything else is no
+    answer. It goes into the message of the read's 404 or 412."""
+    _, fs = _scripted(tmp_path)
+    fs._stamps_holding = lambda path: SimpleNamespace(change_now=_raising(answer))
+    assert fs._change_now("blob.bin") == said
+
+
 def test_a_stamped_files_404_asked_again_is_said_at_info_once_then_at_warning(caplog) -> None:
     """The server asked again after a stamped file's 404, still not giving it: the first ask again is routine (INFO),
     later ones trouble worth seeing (WARNING), as a failure's retries; the removal is raised once they are spent."""
