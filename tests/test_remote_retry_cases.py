@@ -134,8 +134,7 @@ def test_the_filesystem_a_fresh_client_gives_is_the_one_later_tries_read_through
     """From the second retry on, a filesystem the fresh-client hook gives replaces the one whose session failed (a
     closed aiohttp client): the third try reads through it, and the old one is asked no more."""
     unavailable = [FakeHTTPError(503, "Unavailable") for _ in range(2)]
-    (tmp_path / "blob.bin").write_bytes(DATA)
-    fresh = _Scripted(str(tmp_path))
+    fresh = _Scripted(str(tmp_path))  # (over the folder _scripted writes blob.bin into)
     old, fs = _scripted(tmp_path, *unavailable, fresh_client=lambda: fresh)
     assert fs.cat_file("blob.bin") == DATA
     assert (dict(old.requests), dict(fresh.requests), fs.fs) == ({"cat_file": 2}, {"cat_file": 1}, fresh)
