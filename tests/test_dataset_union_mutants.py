@@ -10,10 +10,19 @@ import numpy as np
 import pytest
 
 from lerobot_dali import concat_datasets, open_dataset
-from lerobot_dali.dataset_union import DatasetUnion, MemberFileSystems, open_all
+from lerobot_dali.dataset_union import (
+    DATASET_IDENTITIES,
+    DatasetUnion,
+    MemberFileSystems,
+    datasets_held,
+    open_all,
+    refuse_another_order,
+)
+from lerobot_dali.errors import ResumeStateError
 from lerobot_dali.frame_lookup import ITERATORS_LOOKUP
 from tests.http_server import serve_folder
 from tests.test_dataset_union import _datasets, _without
+from tests.test_extra_features import SUBTASKS, _with_subtasks
 
 
 @pytest.mark.parametrize("position", [5, 6, -1])
@@ -221,8 +230,6 @@ def test_datasets_read_through_one_client_share_the_first_datasets_filesystem(ma
 def test_datasets_with_one_subtask_list_give_the_union_its_strings_without_a_warning(make_ds, tmp_path, caplog) -> None:
     """Both datasets hold the same meta/subtasks.parquet: the union holds that list (so batches carry the
     ``subtask`` strings), and says nothing of lists that differ."""
-    from tests.test_extra_features import SUBTASKS, _with_subtasks
-
     plain = [make_ds(episodes=2, frames_per_episode=[4, 3], cameras=0, fps=10, seed=seed) for seed in (0, 1)]
     paths = [_with_subtasks(path, tmp_path / f"subtasks_{i}") for i, path in enumerate(plain)]
     with caplog.at_level(logging.WARNING, logger="lerobot_dali"):
@@ -255,15 +262,17 @@ def test_opening_one_dataset_given_alone_is_refused_as_not_a_list(make_ds) -> No
             open_all(alone)
 
 
+def _saved_with_first_two_episodes(first, second) -> dict[str, list[str]]:
+    """The datasets' part of a state saved over the first dataset's episodes 0 and 1, then all of the second."""
+    return datasets_held([open_dataset(first, episodes=[0, 1]), open_dataset(second)])
+
+
 def test_another_selection_of_a_dataset_at_its_own_position_is_left_to_the_episodes_check(make_ds) -> None:
     """A dataset read with another ``episodes=`` at the position it was saved at holds other contents but its own
     identity (info.json, task table): no reorder, so not refused here (the episodes' check decides); moved to the
     other position, it is named by that identity as the dataset saved at 0."""
-    from lerobot_dali.dataset_union import datasets_held, refuse_another_order
-    from lerobot_dali.errors import ResumeStateError
-
     first, second = _datasets(make_ds)
-    saved = datasets_held([open_dataset(first, episodes=[0, 1]), open_dataset(second)])
+    saved = _saved_with_first_two_episodes(first, second)
     refuse_another_order(saved, [open_dataset(first, episodes=[1, 2]), open_dataset(second)], "the union")
     said = (
         "this stream state was saved over the union with its datasets in another order: each position would be "
@@ -276,11 +285,8 @@ def test_another_selection_of_a_dataset_at_its_own_position_is_left_to_the_episo
 def test_a_state_whose_identities_do_not_match_its_datasets_is_checked_by_contents_alone(make_ds) -> None:
     """Identities held for another number of datasets than the contents (a state edited by hand, or merged) are not
     read: the dataset at 1 is named as one the state was not saved over, not matched by the identity at 0."""
-    from lerobot_dali.dataset_union import DATASET_IDENTITIES, datasets_held, refuse_another_order
-    from lerobot_dali.errors import ResumeStateError
-
     first, second = _datasets(make_ds)
-    saved = datasets_held([open_dataset(first, episodes=[0, 1]), open_dataset(second)])
+    saved = _saved_with_first_two_episodes(first, second)
     saved[DATASET_IDENTITIES] = saved[DATASET_IDENTITIES][:1]
     said = (
         "this stream state was saved over other datasets than the union: each position would be another dataset's "
