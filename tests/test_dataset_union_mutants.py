@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
+from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -294,3 +297,58 @@ def test_a_state_whose_identities_do_not_match_its_datasets_is_checked_by_conten
     )
     with pytest.raises(ResumeStateError, match=f"^{re.escape(said)}"):
         refuse_another_order(saved, [open_dataset(second), open_dataset(first, episodes=[1, 2])], "the union")
+
+
+class _Recording(MemberFileSystems):
+    """A dataset's filesystem that records the stamps pinned on it and the paths whose cache it was told to drop."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__([(f"/{name}", fsspec.filesystem("memory"))])
+        self.pinned: list[dict[str, Any]] = []
+        self.invalidated: list[str | None] = []
+
+    def pin(self, stamps: Mapping[str, Any]) -> None:
+        self.pinned.append(dict(stamps))
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        self.invalidated.append(path)
+
+
+def _routed(tmp_path) -> tuple[MemberFileSystems, _Recording, _Recording]:
+    """Four roots over three filesystems: /a and /c read through one recording filesystem, /b another, and a local
+    folder through fsspec's own (no ``pin``)."""
+    a, b = _Recording("a"), _Recording("b")
+    local = fsspec.filesystem("file")
+    return MemberFileSystems([("/a", a), ("/b", b), ("/c", a), (str(tmp_path), local)]), a, b
+
+
+def test_a_routers_pin_reaches_each_pinnable_filesystem_once(tmp_path) -> None:
+    """The union's stamps reach each dataset's filesystem that pins (two roots over one: once), none of them skipped,
+    and a filesystem without stamps (a local folder's) is not asked to pin them."""
+    router, a, b = _routed(tmp_path)
+    stamps = {"/a/x.mp4": "stamp a", "/b/y.mp4": "stamp b"}
+    router.pin(stamps)
+    assert a.pinned == [stamps] and b.pinned == [stamps]
+
+
+def test_a_routers_cache_is_dropped_on_every_filesystem_or_on_the_one_holding_a_path(tmp_path) -> None:
+    """Without a path every dataset's filesystem drops its cache (each once); with one, only the filesystem of the
+    dataset holding it, told that path."""
+    router, a, b = _routed(tmp_path)
+    router.invalidate_cache("/b/data/file-000.parquet")
+    assert (a.invalidated, b.invalidated) == ([], ["/b/data/file-000.parquet"])
+    router.invalidate_cache()
+    assert (a.invalidated, b.invalidated) == ([None], ["/b/data/file-000.parquet", None])
+
+
+def test_a_routers_listing_gives_details_unless_told_not_to(tmp_path) -> None:
+    """``ls`` answers as fsspec's own do: each entry's details by default (fsspec's ``walk`` and ``find`` read them),
+    bare names with ``detail=False``."""
+    (tmp_path / "meta").mkdir()
+    (tmp_path / "meta" / "info.json").write_text("{}")
+    router, _, _ = _routed(tmp_path)
+    listed = router.ls(str(tmp_path / "meta"))
+    assert [(entry["name"], entry["size"], entry["type"]) for entry in listed] == [
+        (str(tmp_path / "meta" / "info.json"), 2, "file")
+    ]
+    assert router.ls(str(tmp_path / "meta"), detail=False) == [str(tmp_path / "meta" / "info.json")]
