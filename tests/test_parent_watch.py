@@ -74,14 +74,29 @@ def _blocked_signals(queue: Any) -> None:
     queue.put(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
 
 
-def _spawned_blocks() -> list[int]:
+def _spawned_report(target: Any) -> Any:
+    """What a spawned child running ``target(queue)`` puts on the queue."""
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.Queue()
-    process = spawn.Process(target=_blocked_signals, args=(queue,))
+    process = spawn.Process(target=target, args=(queue,))
     process.start()
-    blocked = queue.get(timeout=120)
+    report = queue.get(timeout=120)
     process.join(timeout=120)
-    return blocked
+    return report
+
+
+def _spawned_blocks() -> list[int]:
+    return _spawned_report(_blocked_signals)
+
+
+def _watch_twice(queue: Any) -> None:
+    queue.put((exit_with_parent(), *_watches()))
+
+
+def test_a_child_that_asks_to_be_watched_twice_is_watched_by_one_thread() -> None:
+    """Each of a worker's sources asks (DALI calls them in one process): the second ask is answered watched, and starts
+    no second thread polling the parent."""
+    assert _spawned_report(_watch_twice) == (True, True, ["lerobot-dali-parent-watch"])
 
 
 def test_workers_spawned_within_children_start_deaf_to_interrupts_start_with_sigint_and_sigusr1_blocked() -> None:
