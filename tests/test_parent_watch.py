@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.util
 import os
 import signal
 import subprocess
@@ -130,6 +132,92 @@ def test_a_start_patched_on_base_process_after_the_wrap_still_runs_for_spawned_p
         assert signal.SIGINT in _spawned_blocks()
     assert signal.SIGINT not in _spawned_blocks()
     assert len(seen) == 2, seen
+
+
+def _landed_in_start(monkeypatch: pytest.MonkeyPatch, deaf: bool) -> list[str]:
+    """The order of a spawned process's start (its class's own, which sends this process SIGUSR2) and the signal's
+    handler, the start wrapped afresh and run outside or within :func:`children_start_deaf_to_interrupts`."""
+    from lerobot_dali import parent_watch
+
+    seen: list[str] = []
+
+    class SpawnProcess:
+        def start(self) -> None:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            seen.append("start returns")
+
+    monkeypatch.setattr(multiprocessing.context, "SpawnProcess", SpawnProcess)
+    monkeypatch.setattr(parent_watch, "_spawning", threading.local())  # (a thread that never entered the block)
+    own = SpawnProcess.start
+    parent_watch._wrap_start()
+    parent_watch._wrap_start()  # (a second wrap, as after a reload of the module: none)
+    assert SpawnProcess.start.__wrapped__ is own  # type: ignore[attr-defined]
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append("handler"))
+    try:
+        if deaf:
+            with children_start_deaf_to_interrupts():
+                SpawnProcess().start()
+        else:
+            SpawnProcess().start()
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    return seen
+
+
+@pytest.mark.parametrize("deaf", [False, True], ids=["outside", "within"])
+def test_a_signal_in_a_spawned_processs_own_start_is_held_to_its_end_only_within_the_block(monkeypatch, deaf) -> None:
+    """A start of its own (a Python whose SpawnProcess has one) is the one run, wrapped once however often it is asked
+    to be; a signal landing in it runs its handler where it lands outside the block (the trainer's Ctrl-C as before),
+    and as the start ends within it (once the new worker has its data)."""
+    assert _landed_in_start(monkeypatch, deaf) == (
+        ["start returns", "handler"] if deaf else ["handler", "start returns"]
+    )
+
+
+def test_the_spawn_of_a_worker_is_wrapped_once_and_blocks_interrupts_only_within_the_block(monkeypatch) -> None:
+    """multiprocessing's fork-and-exec, wrapped however often it is asked to be (as after a reload of the module), is
+    wrapped once; it runs with SIGINT and SIGUSR1 blocked within the block alone, and leaves this thread's mask as it
+    was."""
+    from lerobot_dali import parent_watch
+
+    masks: list[set[int]] = []
+
+    def spawnv_passfds(path: Any, args: Any, passfds: Any) -> int:
+        masks.append(set(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+        return 7
+
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", spawnv_passfds)
+    monkeypatch.setattr(parent_watch, "_spawning", threading.local())
+    parent_watch._wrap_spawnv()
+    parent_watch._wrap_spawnv()
+    wrapped = multiprocessing.util.spawnv_passfds
+    assert wrapped.__wrapped__ is spawnv_passfds  # type: ignore[attr-defined]
+    before = set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    assert wrapped(b"python", [], ()) == 7
+    with children_start_deaf_to_interrupts():
+        assert wrapped(b"python", [], ()) == 7
+    assert set(signal.pthread_sigmask(signal.SIG_BLOCK, [])) == before
+    assert masks == [before, before | {signal.SIGINT, signal.SIGUSR1}]
+
+
+def test_a_dali_method_is_wrapped_once_however_often_it_is_asked(monkeypatch) -> None:
+    """A second wrap (a reload of the module, a cache cleared) would hold each put twice over: the method is wrapped
+    once, and the wrapper reaches the original."""
+    from lerobot_dali import parent_watch
+
+    class Pool:
+        def send(self, task: int) -> int:
+            return task + 1
+
+    own = Pool.send
+
+    def twice(original: Any) -> Any:
+        return lambda self, task: original(self, task) * 2
+
+    for _ in range(2):
+        parent_watch._wrap_method(Pool, "send", "_marked", twice)
+    assert Pool.send.__wrapped__ is own  # type: ignore[attr-defined]
+    assert Pool().send(3) == 8
 
 
 class Terminated(Exception):
