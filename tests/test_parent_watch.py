@@ -95,6 +95,23 @@ def _watch_twice(queue: Any) -> None:
     queue.put((exit_with_parent(), *_watches()))
 
 
+def _takes_held_once_left(queue: Any) -> None:
+    from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+    from lerobot_dali.parent_watch import leave_interrupts_to_parent
+
+    def held() -> bool:
+        return bool(getattr(ShmQueue.get, "_lerobot_dali_takes_yield", False))
+
+    queue.put((held(), leave_interrupts_to_parent(), held()))
+
+
+def test_a_worker_that_leaves_interrupts_to_its_parent_holds_signals_over_its_takes_of_tasks() -> None:
+    """A worker's SIGTERM (torchrun's, Slurm's) ends it unwinding: landing in its take of the next task, it let go of a
+    lock it did not hold. Its takes are held over signals from the moment it leaves interrupts to its parent."""
+    assert _spawned_report(_takes_held_once_left) == (False, True, True)
+
+
 def test_a_child_that_asks_to_be_watched_twice_is_watched_by_one_thread() -> None:
     """Each of a worker's sources asks (DALI calls them in one process): the second ask is answered watched, and starts
     no second thread polling the parent."""
@@ -570,8 +587,33 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
     assert queue.lock.acquire(False)  # (free: neither held on nor released twice)
     queue.lock.release()
     queue.put([ShmMessageDesc(0, 2, 0, 0, 0)])
-    assert [m.shm_chunk_id for m in queue.get(None)][-1] == 2
+    assert [m.shm_chunk_id for m in queue.get(None)] == [1, 2]  # (the take ended before it took 1: none lost)
     queue.close()
+
+
+def test_takes_the_hold_cannot_serve_are_dalis_own(monkeypatch) -> None:
+    """A take from another thread (a training loop run in a thread: Python runs no handler there) and one from a queue
+    without the condition the hold waits on (another DALI's) are DALI's take as it is, their messages returned."""
+    import nvidia.dali._multiproc.shared_queue as dali_queue
+
+    from lerobot_dali import parent_watch
+
+    class ShmQueue:
+        def __init__(self, condition: Any) -> None:
+            self.cv_not_empty = condition
+
+        def get(self, num_samples: int | None = None) -> list[int]:
+            return [7, 8][:num_samples]
+
+    monkeypatch.setattr(dali_queue, "ShmQueue", ShmQueue)
+    parent_watch._hold_over_takes()
+    assert getattr(ShmQueue.get, "_lerobot_dali_takes_yield", False)
+    assert ShmQueue(None).get(1) == [7]  # (the main thread, no condition)
+    taken: list[Any] = []
+    thread = threading.Thread(target=lambda: taken.append(ShmQueue(threading.Condition()).get(None)))
+    thread.start()
+    thread.join()
+    assert taken == [[7, 8]]
 
 
 def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> None:
