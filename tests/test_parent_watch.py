@@ -273,6 +273,55 @@ def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signu
         signal.signal(signum, previous)
 
 
+def test_a_fork_outside_any_hold_leaves_the_childs_handlers_as_they_are() -> None:
+    """The at-fork hook puts back only a hold's handlers; a child forked with the handlers of its own (no take, put or
+    start under way) keeps them, and the hook raises nothing (an exception there is printed in every forked child)."""
+    from lerobot_dali import parent_watch
+
+    before = {s: signal.getsignal(s) for s in parent_watch._HELD_OVER_PUTS}
+    parent_watch._forked()
+    assert {s: signal.getsignal(s) for s in parent_watch._HELD_OVER_PUTS} == before
+
+
+def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
+    """A signal the caller ignores (a worker's SIGUSR1, left to the trainer) is not held over the put: nothing runs for
+    it as the put ends, and it is still ignored after."""
+    from lerobot_dali.parent_watch import _signals_held_over
+
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        with _signals_held_over():
+            assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGUSR2)
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_task_put_from_another_thread_is_dalis_own(monkeypatch) -> None:
+    """Python runs signal handlers in the main thread alone, and sets them only there: a put from another thread (a
+    training loop run in a thread) holds nothing over and returns what DALI's put does."""
+    import nvidia.dali._multiproc.pool as dali_pool
+
+    from lerobot_dali import parent_watch
+
+    class ProcPool:
+        def send(self, tasks: list[int], worker: int) -> tuple[list[int], int]:
+            return tasks, worker
+
+    monkeypatch.setattr(dali_pool, "ProcPool", ProcPool)
+    parent_watch.task_puts_finish_before_interrupts.cache_clear()
+    try:
+        parent_watch.task_puts_finish_before_interrupts()
+    finally:
+        parent_watch.task_puts_finish_before_interrupts.cache_clear()
+    sent: list[Any] = []
+    thread = threading.Thread(target=lambda: sent.append(ProcPool().send([1], 0)))
+    thread.start()
+    thread.join()
+    assert sent == [([1], 0)]
+
+
 @pytest.mark.parametrize("second", [False, True], ids=["one-signal", "two-signals"])
 def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handler_is_put_back(second) -> None:
     """A real SIGINT (and a SIGTERM next, for two), both with handlers that raise, sent at each line the hold runs (the
@@ -542,6 +591,7 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
     from nvidia.dali._multiproc.messages import ShmMessageDesc
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
+    from lerobot_dali import parent_watch
     from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
 
     class SignalledAsItWakes:
@@ -588,6 +638,7 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
     queue.lock.release()
     queue.put([ShmMessageDesc(0, 2, 0, 0, 0)])
     assert [m.shm_chunk_id for m in queue.get(None)] == [1, 2]  # (the take ended before it took 1: none lost)
+    assert parent_watch._takes == []  # (no take's hold outlives it)
     queue.close()
 
 
