@@ -667,6 +667,28 @@ def test_takes_the_hold_cannot_serve_are_dalis_own(monkeypatch) -> None:
     assert taken == [[7, 8]]
 
 
+def test_a_take_waiting_past_its_slices_takes_what_comes_and_leaves_the_queues_other_waits_as_they_were() -> None:
+    """With no signal, a take waiting longer than a slice (:data:`_TAKE_SLICE_S`) waits on and returns the message put
+    meanwhile; the condition keeps the sliced wait for good, and its waits outside a take are its own (a timed one
+    waits its time and says it was not woken)."""
+    from nvidia.dali._multiproc.messages import ShmMessageDesc
+    from nvidia.dali._multiproc.shared_queue import ShmQueue
+
+    from lerobot_dali import parent_watch
+
+    parent_watch.task_puts_finish_before_interrupts()
+    queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
+    putter = threading.Timer(4 * parent_watch._TAKE_SLICE_S, queue.put, ([ShmMessageDesc(0, 5, 0, 0, 0)],))
+    putter.start()
+    try:
+        assert [m.shm_chunk_id for m in queue.get(None)] == [5]
+    finally:
+        putter.join()
+    with queue.cv_not_empty:
+        assert queue.cv_not_empty.wait(0.01) is False
+    queue.close()
+
+
 def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> None:
     """The wrap of a queue's condition once held the condition's bound wait in a closure set on the condition: a
     reference cycle, so the queue's four semaphores lived past its close until a gc ran, and a forked child ending in
