@@ -283,6 +283,25 @@ def test_a_fork_outside_any_hold_leaves_the_childs_handlers_as_they_are() -> Non
     assert {s: signal.getsignal(s) for s in parent_watch._HELD_OVER_PUTS} == before
 
 
+def test_a_put_that_held_a_signal_leaves_no_thread_to_send_it_again() -> None:
+    """A signal held over a put starts a timer to send it again past :data:`HELD_PUT_S`; the put ended first, the timer
+    is stopped with it, not left to run out (a thread each, per signal held, for two seconds)."""
+    from lerobot_dali.parent_watch import HELD_PUT_S, _signals_held_over
+
+    ran: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: ran.append(signum))
+    before = set(threading.enumerate())
+    try:
+        with _signals_held_over():
+            os.kill(os.getpid(), signal.SIGUSR2)
+            timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t not in before]
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert ran == [signal.SIGUSR2] and len(timers) == 1
+    timers[0].join(HELD_PUT_S / 2)
+    assert not timers[0].is_alive()
+
+
 def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
     """A signal the caller ignores (a worker's SIGUSR1, left to the trainer) is not held over the put: nothing runs for
     it as the put ends, and it is still ignored after."""
