@@ -413,7 +413,11 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
         "    print('READY', flush=True)\n"
         "    time.sleep(300)\n",
     )
-    trainer = subprocess.Popen([sys.executable, str(script), str(root)], stdout=subprocess.PIPE, text=True)
+    said = tmp_path / "stderr.txt"
+    with said.open("w") as stderr:
+        trainer = subprocess.Popen(
+            [sys.executable, str(script), str(root)], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     children: list[psutil.Process] = []
     try:
         assert trainer.stdout is not None and trainer.stdout.readline().strip() == "READY"
@@ -423,6 +427,8 @@ def test_workers_exit_when_the_training_process_is_killed(make_ds, tmp_path: Pat
         assert_workers_end_with(trainer, workers, timeout=10)
     finally:
         kill_all(trainer, children)
+    for worker in workers:  # (each says why it ended: nobody is left to see its exit status)
+        assert f"worker {worker.pid}: the process that started it ({trainer.pid}) is gone; exiting" in said.read_text()
 
 
 def _sigint_handler_after_leaving(queue) -> None:
