@@ -317,23 +317,29 @@ def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
         signal.signal(signal.SIGUSR2, previous)
 
 
-def test_a_task_put_from_another_thread_is_dalis_own(monkeypatch) -> None:
-    """Python runs signal handlers in the main thread alone, and sets them only there: a put from another thread (a
-    training loop run in a thread) holds nothing over and returns what DALI's put does."""
+def _holds_over_puts_of(monkeypatch: pytest.MonkeyPatch, pool: type) -> None:
+    """:func:`task_puts_finish_before_interrupts` run afresh over ``pool`` as DALI's ``ProcPool``."""
     import nvidia.dali._multiproc.pool as dali_pool
 
     from lerobot_dali import parent_watch
 
-    class ProcPool:
-        def send(self, tasks: list[int], worker: int) -> tuple[list[int], int]:
-            return tasks, worker
-
-    monkeypatch.setattr(dali_pool, "ProcPool", ProcPool)
+    monkeypatch.setattr(dali_pool, "ProcPool", pool)
     parent_watch.task_puts_finish_before_interrupts.cache_clear()
     try:
         parent_watch.task_puts_finish_before_interrupts()
     finally:
         parent_watch.task_puts_finish_before_interrupts.cache_clear()
+
+
+def test_a_task_put_from_another_thread_is_dalis_own(monkeypatch) -> None:
+    """Python runs signal handlers in the main thread alone, and sets them only there: a put from another thread (a
+    training loop run in a thread) holds nothing over and returns what DALI's put does."""
+
+    class ProcPool:
+        def send(self, tasks: list[int], worker: int) -> tuple[list[int], int]:
+            return tasks, worker
+
+    _holds_over_puts_of(monkeypatch, ProcPool)
     sent: list[Any] = []
     thread = threading.Thread(target=lambda: sent.append(ProcPool().send([1], 0)))
     thread.start()
@@ -407,9 +413,6 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
 def test_the_hold_leaves_a_dali_pool_whose_send_changed_as_it_is(monkeypatch: pytest.MonkeyPatch, changed) -> None:
     """DALI's private pool: where its ``send`` is no plain method (a static one: wrapped as a method, it was called with
     the pool as its first argument), or is gone, the puts are left as DALI made them."""
-    import nvidia.dali._multiproc.pool as dali_pool
-
-    from lerobot_dali import parent_watch
 
     def put(tasks: Any, worker: Any) -> tuple[Any, Any]:
         return tasks, worker
@@ -421,12 +424,7 @@ def test_the_hold_leaves_a_dali_pool_whose_send_changed_as_it_is(monkeypatch: py
             send = None
 
     before = ProcPool.__dict__.get("send")
-    monkeypatch.setattr(dali_pool, "ProcPool", ProcPool)
-    parent_watch.task_puts_finish_before_interrupts.cache_clear()
-    try:
-        parent_watch.task_puts_finish_before_interrupts()
-    finally:
-        parent_watch.task_puts_finish_before_interrupts.cache_clear()
+    _holds_over_puts_of(monkeypatch, ProcPool)
     assert ProcPool.__dict__.get("send") is before
     if changed == "static":
         assert ProcPool().send([1], 0) == ([1], 0)
