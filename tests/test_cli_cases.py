@@ -16,6 +16,7 @@ from lerobot_dali.cli import _advice_mark, _check_time, _inside_dataset, _place_
 from lerobot_dali.dataset_check import CheckReport, Problem
 from lerobot_dali.errors import CudaUnavailableError
 from lerobot_dali.remote_errors import REFUSED_HINT
+from tests.conftest import shared_dataset
 
 
 def _info_lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
@@ -33,6 +34,7 @@ def _check_settings(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     """The settings ``lerobot-dali check`` (exit 0) says it read with: ``timestamp_source=..., tolerance_s=...``."""
     assert main(["check", *argv, "--workers", "0"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith("): no problems"), first
     return first.split(" (", 1)[1].split("): ", 1)[0]
 
 
@@ -73,6 +75,34 @@ def test_info_without_probing_says_a_video_camera_was_not_probed(make_ds: Callab
     KeyError on the resolution it never read), and still counts its files."""
     lines = _info_lines(capsys, _small(make_ds), "--no-probe")
     assert "  camera observation.images.cam0: not probed; 2 video files, 1 episode per file" in lines, lines
+
+
+def test_info_of_a_healthy_dataset_says_its_metadata_features_and_camera_line_by_line(
+    make_ds: Callable[..., Path], capsys
+) -> None:
+    """The whole of ``info``'s text for a dataset with nothing to warn of: where it comes from and its layout, its
+    counts, each feature's dtype and shape in columns, the camera's probe and lookup; no note of mixed codecs (one
+    codec), of random access (GOP 2) nor of info.json (it agrees). ``--json`` is the same summary indented by two."""
+    root = _small(make_ds)
+    assert _info_lines(capsys, root) == [
+        f"{root}  (LeRobot v3.0, robot synthetic)",
+        "  fps 30   episodes 2   frames 8   tasks 2   data files 2",
+        "  features:",
+        *(
+            f"    {key:<40} {dtype:<8} {shape}"
+            for key, dtype, shape in (
+                ("observation.state", "float32", [6]),
+                ("observation.images.cam0", "video", [64, 64, 3]),
+                ("action", "float32", [7]),
+                ("timestamp", "float32", [1]),
+                *((name, "int64", [1]) for name in ("frame_index", "episode_index", "index", "task_index")),
+            )
+        ),
+        "  camera observation.images.cam0: codec vp9 64x64 (HxW) 30 fps GOP 2; 2 video files, 1 episode per file",
+        "    rows -> frames, first episode, tolerance 0.0001 s: parquet_timestamp ok, frame_index ok",
+    ]
+    assert main(["info", root, "--json"]) == 0
+    assert capsys.readouterr().out.startswith(f'{{\n  "source": "{root}",\n  "codebase_version": "v3.0",\n')
 
 
 def test_info_calls_a_two_frame_video_of_one_keyframe_a_gop_of_all_its_frames(
@@ -297,3 +327,31 @@ def test_check_refuses_a_tolerance_that_is_no_positive_number_for_any_dataset(
         assert _check_refused(capsys, *argv) == (
             f"lerobot-dali check: --tolerance-s must be a positive finite number of seconds, got {given}\n"
         )
+
+
+def test_info_says_what_random_access_costs_from_a_keyframe_spacing_of_17(make_ds: Callable[..., Path], capsys) -> None:
+    """Keyframes 16 frames apart (LONG_GOP_FRAMES) cost a random frame ~8.5 decodes, said nowhere; 17 apart is the
+    first spacing info warns of, with the cost (9 frames) and what a re-encoded copy would cost."""
+    said = {}
+    for gop in (16, 17):
+        root = make_ds(episodes=1, frames_per_episode=40, cameras=1, size=(64, 64), codec="vp9", gop=gop)
+        said[gop] = [line for line in _info_lines(capsys, str(root)) if "random access" in line]
+    assert said == {
+        16: [],
+        17: [
+            "    random access: about 9 frames decoded per frame (from the keyframe before it); about 1.5 re-encoded "
+            "at GOP 2, LeRobot's default (lerobot-dali reencode)"
+        ],
+    }
+
+
+def test_check_counts_the_problems_it_found_and_each_kind_of_them(capsys) -> None:
+    """cr5_v30_av1's episodes 0 and 4 (wall-clock timestamps): two frame lookups that fail, said as "2 problems" at
+    the end of the first line (not "no problems"), then their kind's count in a column of six."""
+    dataset = str(shared_dataset("cr5_v30_av1"))
+    assert main(["check", dataset, "--episodes", "0", "4", "--workers", "0"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{dataset}: 2 episodes, ") and lines[0].endswith(
+        "(timestamp_source=parquet_timestamp, tolerance_s=0.0001): 2 problems"
+    ), lines[0]
+    assert lines[1] == "       2 x FrameTimestampError in observation.images.top"
