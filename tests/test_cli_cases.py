@@ -347,7 +347,8 @@ def test_info_says_what_random_access_costs_from_a_keyframe_spacing_of_17(make_d
 
 def test_check_counts_the_problems_it_found_and_each_kind_of_them(capsys) -> None:
     """cr5_v30_av1's episodes 0 and 4 (wall-clock timestamps): two frame lookups that fail, said as "2 problems" at
-    the end of the first line (not "no problems"), then their kind's count in a column of six."""
+    the end of the first line (not "no problems"), then their kind's count in a column of six; ``--show 0`` lists
+    none of them in full, counting them instead; ``--json`` is the report indented by two."""
     dataset = str(shared_dataset("cr5_v30_av1"))
     assert main(["check", dataset, "--episodes", "0", "4", "--workers", "0"]) == 1
     lines = capsys.readouterr().out.splitlines()
@@ -355,3 +356,20 @@ def test_check_counts_the_problems_it_found_and_each_kind_of_them(capsys) -> Non
         "(timestamp_source=parquet_timestamp, tolerance_s=0.0001): 2 problems"
     ), lines[0]
     assert lines[1] == "       2 x FrameTimestampError in observation.images.top"
+    assert main(["check", dataset, "--episodes", "0", "4", "--workers", "0", "--show", "0"]) == 1  # (counts alone)
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "       2 x FrameTimestampError in observation.images.top",
+        "... and 2 more (--show N lists more; --json lists them)",
+    ]
+    assert main(["check", dataset, "--episodes", "0", "4", "--workers", "0", "--json"]) == 1
+    assert capsys.readouterr().out.startswith(f'{{\n  "source": "{dataset}",\n  "episodes": 2,\n')
+
+
+def test_check_of_several_healthy_datasets_exits_0_saying_all_ok(make_ds: Callable[..., Path], capsys) -> None:
+    """Datasets checked in turn, none with a problem: exit 0 and "all 2 datasets ok" (a job's status says whether to
+    train); ``--json`` is their reports' list, indented by two."""
+    path = _small(make_ds)
+    assert main(["check", path, path, "--workers", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "all 2 datasets ok"
+    assert main(["check", path, path, "--workers", "0", "--json"]) == 0
+    assert capsys.readouterr().out.startswith(f'[\n  {{\n    "source": "{path}",\n')
