@@ -373,3 +373,16 @@ def test_check_of_several_healthy_datasets_exits_0_saying_all_ok(make_ds: Callab
     assert capsys.readouterr().out.splitlines()[-1] == "all 2 datasets ok"
     assert main(["check", path, path, "--workers", "0", "--json"]) == 0
     assert capsys.readouterr().out.startswith(f'[\n  {{\n    "source": "{path}",\n')
+
+
+def test_check_of_a_dataset_missing_its_first_data_file_is_one_line(
+    make_ds: Callable[..., Path], copy_ds: Callable[[Path], Path], capsys
+) -> None:
+    """A missing data file is no camera's to leave out (as a camera never recorded is): check does not open the
+    dataset, says so in one line naming the file, exit 2, without trying the open again and again."""
+    dataset = copy_ds(Path(_small(make_ds)))
+    data = dataset / "data" / "chunk-000" / "file-000.parquet"
+    data.unlink()
+    assert main(["check", str(dataset), "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lerobot-dali check: MissingDataFileError: {data} is missing: ") and err.count("\n") == 1
