@@ -1,6 +1,8 @@
-"""The command line's edge cases a mutation pass over ``lerobot_dali/cli.py`` found unchecked: info's words for an
-unprobed camera and a two-frame video, check's timing line and problem listing (a rows problem, a union's, exactly
-``--show`` of them, advice marks past Z), its settings as printed, and the one-line errors of its flags."""
+"""The command line's behaviour a mutation pass over ``lerobot_dali/cli.py`` found unchecked: info's whole text (an
+unprobed camera, a two-frame video, the random-access note's threshold), check's lines (its timing, settings, problem
+counts, a rows problem, a union's, exactly ``--show`` of them, advice marks past Z, several datasets all ok), the
+one-line refusals of its flags and of a dataset missing a data file, ``-v``/``-vv``, and main's one-line errors (a
+refusal, a PermissionError, a broken pipe, CUDA)."""
 
 from __future__ import annotations
 
