@@ -369,10 +369,13 @@ def test_check_counts_the_problems_it_found_and_each_kind_of_them(capsys) -> Non
 
 def test_check_of_several_healthy_datasets_exits_0_saying_all_ok(make_ds: Callable[..., Path], capsys) -> None:
     """Datasets checked in turn, none with a problem: exit 0 and "all 2 datasets ok" (a job's status says whether to
-    train); ``--json`` is their reports' list, indented by two."""
+    train), each's line counting what it read (no frames decoded: no ``--decode``); ``--json`` is their reports' list,
+    indented by two."""
     path = _small(make_ds)
     assert main(["check", path, path, "--workers", "0"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "all 2 datasets ok"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "all 2 datasets ok"
+    assert lines[0].startswith(f"{path}: 2 episodes, 8 rows, 2 video files checked in "), lines[0]  # (no --decode)
     assert main(["check", path, path, "--workers", "0", "--json"]) == 0
     assert capsys.readouterr().out.startswith(f'[\n  {{\n    "source": "{path}",\n')
 
