@@ -66,7 +66,12 @@ def _info_failing(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
         raise error
 
     monkeypatch.setattr(cli, "_info", failing)
-    assert main(["info", "ds"]) == 2
+    return _refused(capsys, "info", "ds")
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """What ``lerobot-dali`` of ``argv`` says on stderr, refusing it (exit 2, nothing on stdout)."""
+    assert main(list(argv)) == 2
     said = capsys.readouterr()
     assert said.out == "", said.out
     return said.err
@@ -274,10 +279,7 @@ def test_check_says_the_settings_it_read_with_as_they_are_typed(make_ds: Callabl
 
 def _check_refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     """What ``lerobot-dali check`` of ``argv`` says on stderr, refusing it (exit 2, nothing on stdout)."""
-    assert main(["check", *argv, "--workers", "0"]) == 2
-    said = capsys.readouterr()
-    assert said.out == "", said.out
-    return said.err
+    return _refused(capsys, "check", *argv, "--workers", "0")
 
 
 def test_check_concat_of_one_dataset_is_refused_naming_it(make_ds: Callable[..., Path], capsys) -> None:

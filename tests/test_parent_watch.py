@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from lerobot_dali import parent_watch
 from lerobot_dali.parent_watch import children_start_deaf_to_interrupts, exit_with_parent
 
 
@@ -98,12 +99,10 @@ def _watch_twice(queue: Any) -> None:
 def _takes_held_once_left(queue: Any) -> None:
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
-    from lerobot_dali.parent_watch import leave_interrupts_to_parent
-
     def held() -> bool:
         return bool(getattr(ShmQueue.get, "_lerobot_dali_takes_yield", False))
 
-    queue.put((held(), leave_interrupts_to_parent(), held()))
+    queue.put((held(), parent_watch.leave_interrupts_to_parent(), held()))
 
 
 def test_a_worker_that_leaves_interrupts_to_its_parent_holds_signals_over_its_takes_of_tasks() -> None:
@@ -154,8 +153,6 @@ def test_a_start_patched_on_base_process_after_the_wrap_still_runs_for_spawned_p
 def _landed_in_start(monkeypatch: pytest.MonkeyPatch, deaf: bool) -> list[str]:
     """The order of a spawned process's start (its class's own, which sends this process SIGUSR2) and the signal's
     handler, the start wrapped afresh and run outside or within :func:`children_start_deaf_to_interrupts`."""
-    from lerobot_dali import parent_watch
-
     seen: list[str] = []
 
     class SpawnProcess:
@@ -195,8 +192,6 @@ def test_the_spawn_of_a_worker_is_wrapped_once_and_blocks_interrupts_only_within
     """multiprocessing's fork-and-exec, wrapped however often it is asked to be (as after a reload of the module), is
     wrapped once; it runs with SIGINT and SIGUSR1 blocked within the block alone, and leaves this thread's mask as it
     was."""
-    from lerobot_dali import parent_watch
-
     masks: list[set[int]] = []
 
     def spawnv_passfds(path: Any, args: Any, passfds: Any) -> int:
@@ -220,7 +215,6 @@ def test_the_spawn_of_a_worker_is_wrapped_once_and_blocks_interrupts_only_within
 def test_a_dali_method_is_wrapped_once_however_often_it_is_asked(monkeypatch) -> None:
     """A second wrap (a reload of the module, a cache cleared) would hold each put twice over: the method is wrapped
     once, and the wrapper reaches the original."""
-    from lerobot_dali import parent_watch
 
     class Pool:
         def send(self, task: int) -> int:
@@ -254,16 +248,14 @@ def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signu
     """The hold over DALI's task puts (``task_puts_finish_before_interrupts``): one signal within runs its handler as
     the block ends, its lines all run; a second one runs it where it lands (a put that never ends still yields to
     Ctrl-C); the handler is the caller's again after. Only SIGINT was held: a SIGTERM handler raised inside the put."""
-    from lerobot_dali.parent_watch import _signals_held_over
-
     previous = signal.signal(signum, handler)
     try:
         ran = []
-        with pytest.raises(ends), _signals_held_over():
+        with pytest.raises(ends), parent_watch._signals_held_over():
             os.kill(os.getpid(), signum)
             ran.append("after the first")
         assert ran == ["after the first"] and signal.getsignal(signum) is handler
-        with pytest.raises(ends), _signals_held_over():
+        with pytest.raises(ends), parent_watch._signals_held_over():
             os.kill(os.getpid(), signum)
             ran.append("after the first")
             os.kill(os.getpid(), signum)
@@ -276,8 +268,6 @@ def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signu
 def test_a_fork_outside_any_hold_leaves_the_childs_handlers_as_they_are() -> None:
     """The at-fork hook puts back only a hold's handlers; a child forked with the handlers of its own (no take, put or
     start under way) keeps them, and the hook raises nothing (an exception there is printed in every forked child)."""
-    from lerobot_dali import parent_watch
-
     before = {s: signal.getsignal(s) for s in parent_watch._HELD_OVER_PUTS}
     parent_watch._forked()
     assert {s: signal.getsignal(s) for s in parent_watch._HELD_OVER_PUTS} == before
@@ -286,30 +276,26 @@ def test_a_fork_outside_any_hold_leaves_the_childs_handlers_as_they_are() -> Non
 def test_a_put_that_held_a_signal_leaves_no_thread_to_send_it_again() -> None:
     """A signal held over a put starts a timer to send it again past :data:`HELD_PUT_S`; the put ended first, the timer
     is stopped with it, not left to run out (a thread each, per signal held, for two seconds)."""
-    from lerobot_dali.parent_watch import HELD_PUT_S, _signals_held_over
-
     ran: list[int] = []
     previous = signal.signal(signal.SIGUSR2, lambda signum, frame: ran.append(signum))
     before = set(threading.enumerate())
     try:
-        with _signals_held_over():
+        with parent_watch._signals_held_over():
             os.kill(os.getpid(), signal.SIGUSR2)
             timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t not in before]
     finally:
         signal.signal(signal.SIGUSR2, previous)
     assert ran == [signal.SIGUSR2] and len(timers) == 1
-    timers[0].join(HELD_PUT_S / 2)
+    timers[0].join(parent_watch.HELD_PUT_S / 2)
     assert not timers[0].is_alive()
 
 
 def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
     """A signal the caller ignores (a worker's SIGUSR1, left to the trainer) is not held over the put: nothing runs for
     it as the put ends, and it is still ignored after."""
-    from lerobot_dali.parent_watch import _signals_held_over
-
     previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     try:
-        with _signals_held_over():
+        with parent_watch._signals_held_over():
             assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGUSR2)
         assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
@@ -320,8 +306,6 @@ def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
 def _holds_over_puts_of(monkeypatch: pytest.MonkeyPatch, pool: type) -> None:
     """:func:`task_puts_finish_before_interrupts` run afresh over ``pool`` as DALI's ``ProcPool``."""
     import nvidia.dali._multiproc.pool as dali_pool
-
-    from lerobot_dali import parent_watch
 
     monkeypatch.setattr(dali_pool, "ProcPool", pool)
     parent_watch.task_puts_finish_before_interrupts.cache_clear()
@@ -356,8 +340,6 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
     which held every later SIGTERM for a next put's end (held over SIGINT alone: a second Ctrl-C landing there left
     SIGINT's the hold's)."""
     import sys
-
-    from lerobot_dali import parent_watch
 
     codes = (parent_watch._signals_held_over.__wrapped__.__code__,)  # type: ignore[attr-defined]
     ran: list[int] = []
@@ -434,8 +416,6 @@ def test_a_signal_held_over_a_put_that_does_not_end_runs_its_handler_there_once(
     """A put waits for a worker to wake: one killed or stopped meanwhile never does, and the signal held over it waited
     for ever (a second one ran it). Past ``HELD_PUT_S`` it is sent again, and its handler runs where the put is, once:
     not again as the block ends."""
-    from lerobot_dali import parent_watch
-
     monkeypatch.setattr(parent_watch, "HELD_PUT_S", 0.2)
     ran: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: ran.append(signum))
@@ -608,9 +588,6 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
     from nvidia.dali._multiproc.messages import ShmMessageDesc
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
-    from lerobot_dali import parent_watch
-    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
-
     class SignalledAsItWakes:
         """The condition's count of woken sleepers: the waking take's release of it sends the signal, once."""
 
@@ -626,7 +603,7 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
                 sent.append(signum)
                 os.kill(os.getpid(), signum)
 
-    task_puts_finish_before_interrupts()
+    parent_watch.task_puts_finish_before_interrupts()
     queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
     condition = queue.cv_not_empty
     condition._woken_count = SignalledAsItWakes(condition._woken_count)
@@ -664,8 +641,6 @@ def test_takes_the_hold_cannot_serve_are_dalis_own(monkeypatch) -> None:
     without the condition the hold waits on (another DALI's) are DALI's take as it is, their messages returned."""
     import nvidia.dali._multiproc.shared_queue as dali_queue
 
-    from lerobot_dali import parent_watch
-
     class ShmQueue:
         def __init__(self, condition: Any) -> None:
             self.cv_not_empty = condition
@@ -691,8 +666,6 @@ def test_a_take_waiting_past_its_slices_takes_what_comes_and_leaves_the_queues_o
     from nvidia.dali._multiproc.messages import ShmMessageDesc
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
-    from lerobot_dali import parent_watch
-
     parent_watch.task_puts_finish_before_interrupts()
     queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
     putter = threading.Timer(4 * parent_watch._TAKE_SLICE_S, queue.put, ([ShmMessageDesc(0, 5, 0, 0, 0)],))
@@ -717,9 +690,7 @@ def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> No
     from nvidia.dali._multiproc.messages import ShmMessageDesc
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
-    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
-
-    task_puts_finish_before_interrupts()
+    parent_watch.task_puts_finish_before_interrupts()
     queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
     queue.put([ShmMessageDesc(0, 3, 0, 0, 0)])
     assert [m.shm_chunk_id for m in queue.get(None)] == [3]  # (the take wraps the condition's wait)
@@ -743,9 +714,7 @@ def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_han
     from nvidia.dali._multiproc.messages import ShmMessageDesc
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
-    from lerobot_dali.parent_watch import task_puts_finish_before_interrupts
-
-    task_puts_finish_before_interrupts()
+    parent_watch.task_puts_finish_before_interrupts()
     queue = ShmQueue(multiprocessing.get_context("spawn"), capacity=4)
     read, write = os.pipe()
     said: list[str] = []
