@@ -6,6 +6,7 @@ refusal, a PermissionError, a broken pipe, CUDA)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -301,14 +302,18 @@ def test_check_concat_with_episodes_is_refused(make_ds: Callable[..., Path], cap
     )
 
 
-def _levels_logged(root: str, *verbose: str) -> set[str]:
-    """The levels of the lines ``python -m lerobot_dali [verbose] info root`` logs (a process of its own: logging is
-    set up once per process, before pytest's capture holds the root logger)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "lerobot_dali", *verbose, "info", root], capture_output=True, text=True, timeout=300
-    )
+def _logged(*argv: str) -> str:
+    """What ``python -m lerobot_dali argv`` (exit 0) logs (a process of its own: logging is set up once per process,
+    before pytest's capture holds the root logger)."""
+    done = subprocess.run([sys.executable, "-m", "lerobot_dali", *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    return {line.split(" ", 1)[0] for line in done.stderr.splitlines() if line.startswith(("DEBUG ", "INFO "))}
+    return done.stderr
+
+
+def _levels_logged(root: str, *verbose: str) -> set[str]:
+    """The levels of the lines ``lerobot-dali [verbose] info root`` logs."""
+    said = _logged(*verbose, "info", root)
+    return {line.split(" ", 1)[0] for line in said.splitlines() if line.startswith(("DEBUG ", "INFO "))}
 
 
 def test_verbose_once_logs_info_and_twice_debug(make_ds: Callable[..., Path]) -> None:
@@ -393,3 +398,58 @@ def test_check_of_a_dataset_missing_its_first_data_file_is_one_line(
     assert main(["check", str(dataset), "--workers", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"lerobot-dali check: MissingDataFileError: {data} is missing: ") and err.count("\n") == 1
+
+
+class _Refused(OSError):
+    """A server's refusal raised as an OSError (fsspec's HTTP errors): status 403."""
+
+    status = 403
+
+
+@pytest.mark.parametrize(
+    "error", [ConnectionResetError(104, "Connection reset by peer"), _Refused("403 Forbidden")], ids=repr
+)
+def test_a_network_failure_or_refusal_while_opening_passes_through_to_be_named_as_one(error: OSError) -> None:
+    """The network's failure and a server's refusal in the open are main's to name (past the retries; what to pass),
+    not "cannot open" as if the dataset were the fault; another OSError or ValueError is the dataset's, named."""
+    with pytest.raises(type(error)) as raised, cli._opening("ds"):
+        raise error
+    assert raised.value is error
+    with pytest.raises(cli._CommandError, match=r"^cannot open 'ds': ValueError: no such layout$"), cli._opening("ds"):
+        raise ValueError("no such layout")
+
+
+def test_a_url_no_installed_filesystem_reads_is_refused_before_any_work() -> None:
+    """A dataset URL's protocol is looked up before a verb does anything (bench builds its dataset first): one no
+    fsspec filesystem reads is refused naming the URL; a local path, or none, is not looked up."""
+    with pytest.raises(cli._CommandError, match=r"^cannot open 'nosuch://bucket/ds': ValueError: .*nosuch"):
+        cli._check_url("nosuch://bucket/ds")
+    for dataset in (None, "/data/ds", "relative/ds"):
+        assert cli._check_url(dataset) is None
+    assert cli._check_url("memory://ds") is None
+
+
+def test_make_dataset_and_reencode_say_how_far_they_got_without_being_asked(make_ds, tmp_path) -> None:
+    """Writing or re-encoding a dataset takes minutes: each says what it is doing file by file at INFO, which the
+    command line shows without ``-v`` (other verbs' INFO lines stay hidden, above)."""
+    made = _logged("make-dataset", str(tmp_path / "made"), "--episodes", "1", "--frames-per-episode", "2")
+    assert "INFO lerobot_dali.generate: file 1/1: episode 0, data/chunk-000/file-000.parquet and 1 video file" in made
+    said = _logged("reencode", _small(make_ds), str(tmp_path / "reencoded"), "--jobs", "1")
+    for i in range(2):  # (a line per video file re-encoded)
+        file = f"videos/observation.images.cam0/chunk-000/file-00{i}.mp4"
+        assert f"INFO lerobot_dali.reencode: {file}: 4 frames, " in said, said
+
+
+def test_reencode_of_every_camera_says_what_it_wrote_and_keeps_nothing(make_ds, tmp_path, capsys) -> None:
+    """reencode's summary of a dataset whose every camera it re-encoded: where and how, each camera's files, frames,
+    size and random-access cost, the files copied; no "kept as they were" line (no camera was left out)."""
+    out = tmp_path / "reencoded"
+    assert main(["reencode", _small(make_ds), str(out), "--jobs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{out}: h264, keyframes at most 2 frames apart"
+    assert re.fullmatch(
+        r"  observation\.images\.cam0: 2 video files, 8 frames, \d+\.\d -> \d+\.\d MB; "
+        r"random access: about 1\.5 -> 1\.5 frames decoded per frame",
+        lines[1],
+    ), lines[1]
+    assert lines[2:] == ["  5 other files copied unchanged"]
