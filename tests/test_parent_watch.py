@@ -100,7 +100,7 @@ def _takes_held_once_left(queue: Any) -> None:
     from nvidia.dali._multiproc.shared_queue import ShmQueue
 
     def held() -> bool:
-        return bool(getattr(ShmQueue.get, "_lerobot_dali_takes_yield", False))
+        return bool(getattr(ShmQueue.get, parent_watch._TAKE_WRAPPED, False))
 
     queue.put((held(), parent_watch.leave_interrupts_to_parent(), held()))
 
@@ -303,6 +303,15 @@ def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
         signal.signal(signal.SIGUSR2, previous)
 
 
+def _in_another_thread(call: Any) -> Any:
+    """What ``call()`` returns run in a thread other than the main one (where Python runs no signal handler)."""
+    returned: list[Any] = []
+    thread = threading.Thread(target=lambda: returned.append(call()))
+    thread.start()
+    thread.join()
+    return returned[0]
+
+
 def _holds_over_puts_of(monkeypatch: pytest.MonkeyPatch, pool: type) -> None:
     """:func:`task_puts_finish_before_interrupts` run afresh over ``pool`` as DALI's ``ProcPool``."""
     import nvidia.dali._multiproc.pool as dali_pool
@@ -324,11 +333,7 @@ def test_a_task_put_from_another_thread_is_dalis_own(monkeypatch) -> None:
             return tasks, worker
 
     _holds_over_puts_of(monkeypatch, ProcPool)
-    sent: list[Any] = []
-    thread = threading.Thread(target=lambda: sent.append(ProcPool().send([1], 0)))
-    thread.start()
-    thread.join()
-    assert sent == [([1], 0)]
+    assert _in_another_thread(lambda: ProcPool().send([1], 0)) == ([1], 0)
 
 
 @pytest.mark.parametrize("second", [False, True], ids=["one-signal", "two-signals"])
@@ -650,13 +655,9 @@ def test_takes_the_hold_cannot_serve_are_dalis_own(monkeypatch) -> None:
 
     monkeypatch.setattr(dali_queue, "ShmQueue", ShmQueue)
     parent_watch._hold_over_takes()
-    assert getattr(ShmQueue.get, "_lerobot_dali_takes_yield", False)
+    assert getattr(ShmQueue.get, parent_watch._TAKE_WRAPPED, False)
     assert ShmQueue(None).get(1) == [7]  # (the main thread, no condition)
-    taken: list[Any] = []
-    thread = threading.Thread(target=lambda: taken.append(ShmQueue(threading.Condition()).get(None)))
-    thread.start()
-    thread.join()
-    assert taken == [[7, 8]]
+    assert _in_another_thread(lambda: ShmQueue(threading.Condition()).get(None)) == [7, 8]
 
 
 def test_a_take_waiting_past_its_slices_takes_what_comes_and_leaves_the_queues_other_waits_as_they_were() -> None:
