@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.util
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,18 @@ import pytest
 
 from lerobot_dali import parent_watch
 from lerobot_dali.parent_watch import children_start_deaf_to_interrupts, exit_with_parent
+
+
+@contextlib.contextmanager
+def _handled(handler: Any, *signums: int) -> Iterator[None]:
+    """``handler`` for each of ``signums`` within the block; the handlers before it put back after it, however it
+    ends (a test's signal handler must not outlive it in pytest's process)."""
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, before in previous.items():
+            signal.signal(s, before)
 
 
 def _watches() -> tuple[bool, list[str]]:
@@ -166,15 +180,12 @@ def _landed_in_start(monkeypatch: pytest.MonkeyPatch, deaf: bool) -> list[str]:
     parent_watch._wrap_start()
     parent_watch._wrap_start()  # (a second wrap, as after a reload of the module: none)
     assert SpawnProcess.start.__wrapped__ is own  # type: ignore[attr-defined]
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append("handler"))
-    try:
+    with _handled(lambda signum, frame: seen.append("handler"), signal.SIGUSR2):
         if deaf:
             with children_start_deaf_to_interrupts():
                 SpawnProcess().start()
         else:
             SpawnProcess().start()
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
     return seen
 
 
@@ -248,8 +259,7 @@ def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signu
     """The hold over DALI's task puts (``task_puts_finish_before_interrupts``): one signal within runs its handler as
     the block ends, its lines all run; a second one runs it where it lands (a put that never ends still yields to
     Ctrl-C); the handler is the caller's again after. Only SIGINT was held: a SIGTERM handler raised inside the put."""
-    previous = signal.signal(signum, handler)
-    try:
+    with _handled(handler, signum):
         ran = []
         with pytest.raises(ends), parent_watch._signals_held_over():
             os.kill(os.getpid(), signum)
@@ -261,8 +271,6 @@ def test_a_signal_in_a_task_put_raises_as_it_ends_and_a_second_one_at_once(signu
             os.kill(os.getpid(), signum)
             ran.append("after the second")
         assert ran == ["after the first"] * 2 and signal.getsignal(signum) is handler
-    finally:
-        signal.signal(signum, previous)
 
 
 def test_a_fork_outside_any_hold_leaves_the_childs_handlers_as_they_are() -> None:
@@ -277,14 +285,10 @@ def test_a_put_that_held_a_signal_leaves_no_thread_to_send_it_again() -> None:
     """A signal held over a put starts a timer to send it again past :data:`HELD_PUT_S`; the put ended first, the timer
     is stopped with it, not left to run out (a thread each, per signal held, for two seconds)."""
     ran: list[int] = []
-    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: ran.append(signum))
     before = set(threading.enumerate())
-    try:
-        with parent_watch._signals_held_over():
-            os.kill(os.getpid(), signal.SIGUSR2)
-            timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t not in before]
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
+    with _handled(lambda signum, frame: ran.append(signum), signal.SIGUSR2), parent_watch._signals_held_over():
+        os.kill(os.getpid(), signal.SIGUSR2)
+        timers = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t not in before]
     assert ran == [signal.SIGUSR2] and len(timers) == 1
     timers[0].join(parent_watch.HELD_PUT_S / 2)
     assert not timers[0].is_alive()
@@ -293,14 +297,11 @@ def test_a_put_that_held_a_signal_leaves_no_thread_to_send_it_again() -> None:
 def test_an_ignored_signal_in_a_task_put_stays_ignored() -> None:
     """A signal the caller ignores (a worker's SIGUSR1, left to the trainer) is not held over the put: nothing runs for
     it as the put ends, and it is still ignored after."""
-    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    try:
+    with _handled(signal.SIG_IGN, signal.SIGUSR2):
         with parent_watch._signals_held_over():
             assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGUSR2)
         assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
-    finally:
-        signal.signal(signal.SIGUSR2, previous)
 
 
 def _in_another_thread(call: Any) -> Any:
@@ -344,8 +345,6 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
     SIGINT landing as the handlers were put back, SIGINT's back, raised there and left SIGTERM's the hold's for good,
     which held every later SIGTERM for a next put's end (held over SIGINT alone: a second Ctrl-C landing there left
     SIGINT's the hold's)."""
-    import sys
-
     codes = (parent_watch._signals_held_over.__wrapped__.__code__,)  # type: ignore[attr-defined]
     ran: list[int] = []
 
@@ -353,9 +352,8 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
         ran.append(signum)
         raise Terminated(signum)
 
-    previous = {s: signal.signal(s, noted) for s in (signal.SIGINT, signal.SIGTERM)}
     reached = []
-    try:
+    with _handled(noted, signal.SIGINT, signal.SIGTERM):
         for k in range(1, 200):
             lines, sent = [0], []
 
@@ -390,9 +388,6 @@ def test_a_signal_at_each_line_of_the_hold_runs_its_handler_once_and_every_handl
             with parent_watch._signals_held_over():
                 pass  # (the next put: it puts back a handler left the hold's)
             assert signal.getsignal(signal.SIGINT) is noted and signal.getsignal(signal.SIGTERM) is noted, k
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     assert len(reached) > 5
 
 
@@ -423,8 +418,7 @@ def test_a_signal_held_over_a_put_that_does_not_end_runs_its_handler_there_once(
     not again as the block ends."""
     monkeypatch.setattr(parent_watch, "HELD_PUT_S", 0.2)
     ran: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: ran.append(signum))
-    try:
+    with _handled(lambda signum, frame: ran.append(signum), signal.SIGTERM):
         with parent_watch._signals_held_over():
             os.kill(os.getpid(), signal.SIGTERM)
             assert ran == []  # (held)
@@ -433,8 +427,6 @@ def test_a_signal_held_over_a_put_that_does_not_end_runs_its_handler_there_once(
                 time.sleep(0.01)
             inside = list(ran)
         assert (inside, ran) == ([signal.SIGTERM], [signal.SIGTERM])
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,15 +615,14 @@ def test_a_signal_as_a_take_from_dalis_queue_wakes_leaves_its_lock_as_it_was(sig
         except BaseException as e:
             raised.append(e)
 
-    previous = signal.signal(signum, handler)
     putter = threading.Thread(target=put_once_the_take_waits)
-    try:
-        putter.start()
-        with pytest.raises(ends):
-            queue.get(None)
-    finally:
-        putter.join()
-        signal.signal(signum, previous)
+    with _handled(handler, signum):
+        try:
+            putter.start()
+            with pytest.raises(ends):
+                queue.get(None)
+        finally:
+            putter.join()
     assert (sent, raised) == ([signum], [])
     assert queue.lock.acquire(False)  # (free: neither held on nor released twice)
     queue.lock.release()
@@ -744,14 +735,15 @@ def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_han
         finally:
             queue.put([ShmMessageDesc(0, 4, 0, 0, 0)])
 
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     forker = threading.Thread(target=fork_then_put)
     try:
-        forker.start()
-        assert [m.shm_chunk_id for m in queue.get(None)] == [4]
+        with _handled(signal.default_int_handler, signal.SIGINT):
+            try:
+                forker.start()
+                assert [m.shm_chunk_id for m in queue.get(None)] == [4]
+            finally:
+                forker.join()
     finally:
-        forker.join()
-        signal.signal(signal.SIGINT, previous)
         os.close(read)
         os.close(write)
         queue.close()
