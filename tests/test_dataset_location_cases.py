@@ -3,7 +3,9 @@ bulk-root functions found untested."""
 
 from __future__ import annotations
 
+import logging
 import pickle
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -14,7 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from lerobot_dali import url_secrets
-from lerobot_dali.dataset_location import DatasetLocation, fetches_whole, resolve_location
+from lerobot_dali.dataset_location import DatasetLocation, fetches_whole, resolve_location, with_bulk_root
 from lerobot_dali.remote_retry import RetryingFileSystem
 from tests.test_url_secrets_fuzz import no_credential_known  # noqa: F401 (a fixture)
 
@@ -98,3 +100,17 @@ def test_an_http_urls_query_joins_params_given_as_a_mapping_or_as_pairs_which_wi
     location = resolve_location("http://127.0.0.1:9/ds?token=x&scope=read", storage_options={"params": given})
     assert location.root == "http://127.0.0.1:9/ds"
     assert location.fs.fs.kwargs["params"] == [("token", "x"), ("scope", "all"), ("v", "2")]
+
+
+def test_a_bulk_root_elsewhere_is_said_once_at_info_naming_it_without_its_credentials(tmp_path: Path, caplog) -> None:
+    """Which copy the bytes come from decides their speed and version: the trainer's log says it, once per job (a
+    second location made of it says nothing more), its URL's query left out."""
+    fs = MemoryFileSystem()
+    location = DatasetLocation(fs, "/bucket/ds", fs, "/bucket/ds", "ds")
+    with caplog.at_level(logging.INFO, logger="lerobot_dali.dataset_location"):
+        moved = with_bulk_root(location, "http://127.0.0.1:9/mirror?token=S3CR")
+        with_bulk_root(location, "http://127.0.0.1:9/mirror?token=S3CR")
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "lerobot_dali.dataset_location"]
+    assert said[0] == (logging.INFO, "ds: reading data/ and videos/ from http://127.0.0.1:9/mirror")
+    assert [level for level, _ in said[1:]] == [logging.DEBUG] * (len(said) - 1)
+    assert moved.description == "ds (data files: http://127.0.0.1:9/mirror)" and "S3CR" not in caplog.text

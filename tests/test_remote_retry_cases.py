@@ -12,11 +12,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import fsspec
 import pytest
 
 from lerobot_dali import io_stats, remote_retry
 from lerobot_dali.errors import DatasetError, RemoteFileError
-from lerobot_dali.remote_retry import RetryingFileSystem, _Retrier
+from lerobot_dali.remote_retry import RetryingFileSystem, _Retrier, fresh_instance
 from lerobot_dali.retry_policy import RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
 
@@ -353,3 +354,50 @@ def test_a_seek_from_the_end_of_a_file_opened_without_a_size_asks_it_or_names_th
     whole = r"^blob\.bin: the server sends this file only whole \(it answered no Content-Length\)"
     with RetryingFileSystem(fake, policy=FAST).open("blob.bin", "rb") as f, pytest.raises(DatasetError, match=whole):
         f.seek(-5, 2)
+
+
+def test_a_fresh_client_is_a_new_instance_of_the_filesystems_class_and_arguments_not_fsspecs_cached_one() -> None:
+    """The retries' refresh of a closed or poisoned client: fsspec hands back its cached instance for the same
+    arguments, which is the broken one."""
+    fs = fsspec.filesystem("http", headers={"X-Test": "1"})
+    fresh = fresh_instance(fs)
+    assert fresh is not fs and type(fresh) is type(fs) and fresh.storage_options == fs.storage_options
+
+
+_TEN = bytes(range(10))
+
+
+@pytest.mark.parametrize(
+    ("start", "end"),
+    [(None, None), (0, 3), (3, 0), (2, 5), (-3, None), (None, -2), (-3, -1), (-100, 3), (5, 100), (8, 4), (12, None)],
+)
+def test_a_hub_files_bytes_are_those_of_a_slice_with_the_same_bounds(start: int | None, end: int | None) -> None:
+    """The Hub's read of a range, asked once (HfFileSystem has no ``cat_file`` of its own): bounds from the file's end,
+    past it, or crossed, each give what ``data[start:end]`` gives."""
+    memory = fsspec.filesystem("memory", skip_instance_cache=True)
+    memory.pipe("/ten.bin", _TEN)
+    assert RetryingFileSystem(memory)._hub_cat_file("/ten.bin", start, end, {}) == _TEN[start:end]
+
+
+class _CutShortFile(fsspec.spec.AbstractBufferedFile):
+    """A remote file whose every block fetch answers one byte short (a response cut short)."""
+
+    def _fetch_range(self, start: int, end: int) -> bytes:
+        return _TEN[start : end - 1]
+
+
+class _CutShortFileSystem(fsspec.AbstractFileSystem):
+    protocol = "cutshort"
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        return {"name": path, "size": len(_TEN), "type": "file"}
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        return _CutShortFile(self, path, mode, size=len(_TEN), **kwargs)
+
+
+def test_a_hub_files_range_answered_short_is_a_transient_failure_not_bytes_handed_out() -> None:
+    """A block cut short shifted every byte after it where fsspec's cache placed it; the Hub's read of a range checks
+    each block it fetches, as other remote reads do."""
+    with pytest.raises(ConnectionError, match=re.escape("/f: asked for bytes [2, 6) and received 3 bytes")):
+        RetryingFileSystem(_CutShortFileSystem(skip_instance_cache=True))._hub_cat_file("/f", 2, 6, {})
