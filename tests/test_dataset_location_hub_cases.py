@@ -176,46 +176,46 @@ def test_an_answer_raised_elsewhere_was_retried_by_huggingface_hub() -> None:
 # ---- a metadata file's download that failed
 
 
+def _told(error: BaseException, status: int | None) -> str:
+    """The message of the RemoteFileError a metadata file's download failed with ``error`` is told as, its ``status``
+    checked."""
+    failed = _metadata_download_failed(META, error)
+    assert isinstance(failed, RemoteFileError) and failed.status == status
+    return str(failed)
+
+
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_metadata_file_refused_is_a_remote_file_error_not_retried(status: int) -> None:
     error = _raised(LocalEntryNotFoundError("gave up"), _answer(status, f"{status} Forbidden\n\nmore"))
-    failed = _metadata_download_failed(META, error)
-    assert isinstance(failed, RemoteFileError) and failed.status == status
-    assert str(failed) == (
+    assert _told(error, status) == (
         f"{META}: downloading it was refused (not retried): {REFUSED_HINT} (HfHubHTTPError: {status} Forbidden)"
     )
 
 
 @pytest.mark.parametrize("status", [503, 429])
 def test_a_metadata_file_failing_past_the_retries_is_a_remote_file_error_with_its_status(status: int) -> None:
-    failed = _metadata_download_failed(META, _answer(status, "Server error"))
-    assert isinstance(failed, RemoteFileError) and failed.status == status
-    assert str(failed) == (
+    assert _told(_answer(status, "Server error"), status) == (
         f"{META}: downloading it failed, the last try with HfHubHTTPError: Server error (after huggingface_hub's own "
         "retries); gave up: check the connection and the Hub (HF_ENDPOINT), then open the dataset again"
     )
 
 
 def test_a_metadata_download_whose_connection_dropped_is_a_remote_file_error_without_a_status() -> None:
-    failed = _metadata_download_failed(META, ConnectionResetError(104, "Connection reset by peer"))
-    assert isinstance(failed, RemoteFileError) and failed.status is None
-    assert str(failed).startswith(
+    said = _told(ConnectionResetError(104, "Connection reset by peer"), None)
+    assert said.startswith(
         f"{META}: downloading it failed, the last try with ConnectionResetError: [Errno 104] Connection reset by peer "
-    ), failed
+    ), said
 
 
 def test_a_dropped_connections_status_that_is_no_number_is_not_told() -> None:
     dropped = ConnectionResetError(104, "Connection reset by peer")
     dropped.response = SimpleNamespace(status_code="503")  # type: ignore[attr-defined]
-    failed = _metadata_download_failed(META, dropped)
-    assert isinstance(failed, RemoteFileError) and failed.status is None
+    _told(dropped, None)
 
 
 @pytest.mark.parametrize("status", [404, 410])
 def test_a_metadata_file_the_hub_lists_but_has_not_says_to_upload_it_again(status: int) -> None:
-    failed = _metadata_download_failed(META, _answer(status, "Not there"))
-    assert isinstance(failed, RemoteFileError) and failed.status == status
-    assert str(failed) == (
+    assert _told(_answer(status, "Not there"), status) == (
         f"{META}: the Hub lists a file there that it has not (HTTP {status}; not retried): check the revision (branch, "
         "tag or commit), and upload the dataset's meta/ files again (HfHubHTTPError: Not there)"
     )

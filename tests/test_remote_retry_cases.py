@@ -401,3 +401,10 @@ def test_a_hub_files_range_answered_short_is_a_transient_failure_not_bytes_hande
     each block it fetches, as other remote reads do."""
     with pytest.raises(ConnectionError, match=re.escape("/f: asked for bytes [2, 6) and received 3 bytes")):
         RetryingFileSystem(_CutShortFileSystem(skip_instance_cache=True))._hub_cat_file("/f", 2, 6, {})
+
+
+def test_what_is_no_fsspec_filesystem_is_refused_naming_its_type() -> None:
+    """A path or another library's client, wrapped by mistake: without the check, an AttributeError ("'str' object
+    has no attribute 'protocol'") said neither what was wrong nor what to pass."""
+    with pytest.raises(TypeError, match=r"^RetryingFileSystem wraps an fsspec filesystem, got str$"):
+        RetryingFileSystem("s3://bucket/ds")  # type: ignore[arg-type]
