@@ -7,6 +7,7 @@ import logging
 import pickle
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import fsspec
 import pytest
@@ -17,6 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from lerobot_dali import url_secrets
 from lerobot_dali.dataset_location import DatasetLocation, fetches_whole, resolve_location, with_bulk_root
+from lerobot_dali.errors import DatasetNotFoundError
 from lerobot_dali.remote_retry import RetryingFileSystem
 from tests.test_url_secrets_fuzz import no_credential_known  # noqa: F401 (a fixture)
 
@@ -114,3 +116,78 @@ def test_a_bulk_root_elsewhere_is_said_once_at_info_naming_it_without_its_creden
     assert said[0] == (logging.INFO, "ds: reading data/ and videos/ from http://127.0.0.1:9/mirror")
     assert [level for level, _ in said[1:]] == [logging.DEBUG] * (len(said) - 1)
     assert moved.description == "ds (data files: http://127.0.0.1:9/mirror)" and "S3CR" not in caplog.text
+
+
+class _RefusingFileSystem(fsspec.AbstractFileSystem):
+    """A filesystem whose constructor refuses its options (as s3fs refuses an unknown one)."""
+
+    protocol = "refusing"
+
+    def __init__(self, **options: Any) -> None:
+        raise ValueError("refusing: no such option 'regionn'")
+
+
+class _LoginFileSystem(fsspec.AbstractFileSystem):
+    """A filesystem that reads a user and password from its URL as its own login (as sftp's and ftp's do)."""
+
+    protocol = "login"
+
+    @staticmethod
+    def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
+        parts = urlsplit(path)
+        return {"username": parts.username, "password": parts.password}
+
+
+@pytest.fixture
+def filesystems(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three protocols more: one whose filesystem's module is not installed, one whose filesystem refuses its options,
+    one that logs in with the URL's user and password."""
+    from fsspec.registry import known_implementations
+
+    monkeypatch.setitem(known_implementations, "absent", {"class": "no_such_module.FS", "err": "pip install absentfs"})
+    monkeypatch.setitem(known_implementations, "refusing", {"class": f"{__name__}._RefusingFileSystem"})
+    monkeypatch.setitem(known_implementations, "login", {"class": f"{__name__}._LoginFileSystem"})
+
+
+@pytest.mark.usefixtures("filesystems")
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        (
+            "nosuchproto://b/ds",
+            "dataset 'nosuchproto://b/ds': no filesystem reads its protocol (Protocol not known: nosuchproto): check "
+            "the URL",
+        ),
+        (
+            "absent://b/ds",
+            "dataset 'absent://b/ds': its filesystem is not installed here (pip install absentfs): install it, or "
+            "read a local copy of the dataset",
+        ),
+    ],
+    ids=["unknown-protocol", "not-installed"],
+)
+def test_a_url_no_installed_filesystem_reads_is_a_dataset_not_found_saying_why(url: str, said: str) -> None:
+    with pytest.raises(DatasetNotFoundError) as caught:
+        resolve_location(url)
+    assert str(caught.value) == said
+
+
+@pytest.mark.usefixtures("filesystems")
+def test_a_filesystem_that_refuses_its_options_raises_its_own_error() -> None:
+    """Its ValueError says what to mend in the options: not told as a protocol nobody reads."""
+    with pytest.raises(ValueError, match=r"^refusing: no such option 'regionn'$"):
+        resolve_location("refusing://b/ds")
+
+
+def test_an_http_url_without_a_user_keeps_the_authorization_header_its_options_give() -> None:
+    """Only a URL's own user and password clash with an Authorization header (the two cannot be sent together)."""
+    location = resolve_location("http://127.0.0.1:9/ds", storage_options={"headers": {"Authorization": "Bearer x"}})
+    assert location.fs.fs.kwargs["headers"] == {"Authorization": "Bearer x"}
+
+
+@pytest.mark.usefixtures("filesystems")
+def test_a_user_and_password_in_a_url_other_than_http_are_its_filesystems_login_not_an_http_header() -> None:
+    """Only an http(s) URL's user and password become an Authorization header; another filesystem reads them from
+    the URL itself (sftp's, ftp's login), so the URL reaches it as typed."""
+    location = resolve_location("login://user:pw@host/ds")
+    assert location.fs.fs.storage_options == {"username": "user", "password": "pw"}

@@ -7,6 +7,7 @@ knows what each try met; waits are zero (:data:`FAST`), nothing sleeps.
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,11 +16,12 @@ from typing import Any
 import fsspec
 import pytest
 
-from lerobot_dali import io_stats, remote_retry
+from lerobot_dali import io_stats, remote_retry, url_secrets
 from lerobot_dali.errors import DatasetError, RemoteFileError
 from lerobot_dali.remote_retry import RetryingFileSystem, _Retrier, fresh_instance
 from lerobot_dali.retry_policy import RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
+from tests.test_url_secrets_fuzz import no_credential_known  # noqa: F401 (a fixture)
 
 FAST = RetryPolicy(retries=3, base_delay_s=0.0, max_delay_s=0.0)
 DATA = bytes(range(256)) * 40
@@ -408,3 +410,18 @@ def test_what_is_no_fsspec_filesystem_is_refused_naming_its_type() -> None:
     has no attribute 'protocol'") said neither what was wrong nor what to pass."""
     with pytest.raises(TypeError, match=r"^RetryingFileSystem wraps an fsspec filesystem, got str$"):
         RetryingFileSystem("s3://bucket/ds")  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("no_credential_known")
+def test_an_http_filesystems_credential_in_its_params_is_masked_where_it_is_wrapped_and_where_it_is_unpickled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An http(s) URL's query is sent as the filesystem's ``params``, named in fsspec's and aiohttp's DEBUG records
+    and tracebacks: the wrap tells this process its credentials, and again in each worker, where it is made anew from
+    its arguments. Parameters that are no credential are not masked."""
+    http = fsspec.filesystem("http", params=[("token", "S3CR"), ("v", "1")], skip_instance_cache=True)
+    wrapped = RetryingFileSystem(http)
+    assert url_secrets._known == ("S3CR",)
+    monkeypatch.setattr(url_secrets, "_known", ())  # (a worker's process)
+    pickle.loads(pickle.dumps(wrapped))
+    assert url_secrets._known == ("S3CR",)
