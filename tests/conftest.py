@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import logging
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -67,6 +68,18 @@ def _warnings_said_afresh(tmp_path_factory: pytest.TempPathFactory, monkeypatch:
 
     monkeypatch.setattr(said_once, "_said", set())
     monkeypatch.setenv(said_once.SAID_ENV, str(tmp_path_factory.mktemp("said")))
+
+
+@pytest.fixture
+def no_credential_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The credentials this process knows (url_secrets._known) and its log record factory, as they were after: a test
+    that tells it one leaves none known to the next."""
+    from lerobot_dali import url_secrets
+
+    monkeypatch.setattr(url_secrets, "_known", (), raising=False)
+    factory = logging.getLogRecordFactory()
+    yield
+    logging.setLogRecordFactory(factory)
 
 
 @pytest.fixture(autouse=True)

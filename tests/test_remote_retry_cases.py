@@ -21,7 +21,6 @@ from lerobot_dali.errors import DatasetError, RemoteFileError
 from lerobot_dali.remote_retry import RetryingFileSystem, _Retrier, fresh_instance
 from lerobot_dali.retry_policy import RetryPolicy
 from tests.fake_remote import FakeHTTPError, FakeRemoteFileSystem
-from tests.test_url_secrets_fuzz import no_credential_known  # noqa: F401 (a fixture)
 
 FAST = RetryPolicy(retries=3, base_delay_s=0.0, max_delay_s=0.0)
 DATA = bytes(range(256)) * 40

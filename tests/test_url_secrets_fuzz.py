@@ -9,12 +9,10 @@ import io
 import logging
 import random
 import string
-from collections.abc import Iterator
 from urllib.parse import quote, unquote
 
 import pytest
 
-from lerobot_dali import url_secrets
 from lerobot_dali.url_secrets import (
     mask_error,
     mask_path_logs,
@@ -138,15 +136,6 @@ def test_no_secret_is_named_and_no_other_parameter_changed_in_fuzzed_urls() -> N
     finally:
         log.removeHandler(handler)
     assert {what: urls[:2] for what, urls in wrong.items() if urls} == {}
-
-
-@pytest.fixture
-def no_credential_known(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The credentials this process knows (url_secrets._known) and its log record factory, as they were after."""
-    monkeypatch.setattr(url_secrets, "_known", (), raising=False)
-    factory = logging.getLogRecordFactory()
-    yield
-    logging.setLogRecordFactory(factory)
 
 
 def test_a_credential_holding_a_delimiter_is_masked_whole_once_its_url_is_opened(no_credential_known: None) -> None:
