@@ -327,7 +327,8 @@ def test_is_secret_param_masks_credentials_and_shows_the_other_parameters_of_sto
     )
 
 
-def test_the_packages_records_are_masked_whatever_log_record_factory_a_user_sets(monkeypatch: Any) -> None:
+@pytest.mark.usefixtures("no_credential_known")
+def test_the_packages_records_are_masked_whatever_log_record_factory_a_user_sets() -> None:
     """Records were masked by a log record factory (``mask_every_record``) and by the filters of five modules'
     loggers: a user's ``logging.setLogRecordFactory`` set after it, calling none before it, dropped the masking of
     every other module's records and the progress lines' (3 of the 4 here named the token). Every logger of the package
@@ -338,10 +339,9 @@ def test_the_packages_records_are_masked_whatever_log_record_factory_a_user_sets
     from lerobot_dali import url_secrets
     from lerobot_dali.cli import _CHECK_LINES
 
-    monkeypatch.setattr(url_secrets, "_known", ())
     names = ("lerobot_dali.clips", "lerobot_dali.prefetch", _CHECK_LINES, "lerobot_dali.remote_retry")
     loggers = [logging.getLogger(name) for name in names]
-    out, factory, levels = io.StringIO(), logging.getLogRecordFactory(), [logger.level for logger in loggers]
+    out, levels = io.StringIO(), [logger.level for logger in loggers]
     handler = logging.StreamHandler(out)
     try:
         url_secrets.mask_path_logs("a=1&token=S3CRab/cd")  # (as opening memory://b/ds?a=1&token=S3CRab/cd does)
@@ -351,7 +351,6 @@ def test_the_packages_records_are_masked_whatever_log_record_factory_a_user_sets
             logger.setLevel(logging.INFO)
             logger.info("read %s", "memory://b/ds?a=1&token=S3CRab/cd/videos/f.mp4")
     finally:
-        logging.setLogRecordFactory(factory)
         for logger, level in zip(loggers, levels, strict=True):
             logger.removeHandler(handler)
             logger.setLevel(level)
@@ -520,21 +519,20 @@ def test_mask_error_masks_an_oserrors_file_name_and_leaves_what_names_no_credent
     ],
     ids=["mapping", "pairs", "string"],
 )
-def test_a_requests_credential_holding_an_ampersand_is_masked_whole_however_its_params_are_given(
-    params: Any, monkeypatch: Any
-) -> None:
+@pytest.mark.usefixtures("no_credential_known")
+def test_a_requests_credential_holding_an_ampersand_is_masked_whole_however_its_params_are_given(params: Any) -> None:
     """A credential sent in a request's ``params`` that holds a '&' and a '=' (``S3CRab&cd=ef``): text cannot tell its
     end, so the value told (:func:`mask_request_logs`) is masked whole, as a mapping, as name-value pairs and as a
     query string (the mapping alone was checked: a mutation pass read the other two as none, and ``cd=ef`` was
     shown)."""
     from lerobot_dali import url_secrets
 
-    monkeypatch.setattr(url_secrets, "_known", ())
     url_secrets.mask_request_logs(params)
     assert masked("url='https://h/ds?sig=S3CRab&cd=ef&a=1'") == "url='https://h/ds?sig=***&a=1'"
 
 
-def test_a_path_query_holding_a_credential_masks_every_loggers_records_once(monkeypatch: Any) -> None:
+@pytest.mark.usefixtures("no_credential_known")
+def test_a_path_query_holding_a_credential_masks_every_loggers_records_once() -> None:
     """A query kept in a filesystem's paths (:func:`mask_path_logs`) masks every record of the process as it is made
     (``mask_every_record``), whatever its logger (botocore's here, which no filter masks), and once: a query with no
     credential sets no record factory, and one told again (each location opened, each worker) wraps none again. The
@@ -544,20 +542,15 @@ def test_a_path_query_holding_a_credential_masks_every_loggers_records_once(monk
 
     from lerobot_dali import url_secrets
 
-    monkeypatch.setattr(url_secrets, "_known", ())
-    factory = logging.getLogRecordFactory()
-    try:
-        logging.setLogRecordFactory(logging.LogRecord)  # (a user's, or none that masks)
-        url_secrets.mask_path_logs("a=1&page=2")
-        assert logging.getLogRecordFactory() is logging.LogRecord
-        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
-        masking = logging.getLogRecordFactory()
-        url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
-        url_secrets.mask_every_record()
-        assert logging.getLogRecordFactory() is masking is not logging.LogRecord
-        path = "memory://b/ds?a=1&token=S3CRab/cd/videos/f.mp4"
-        record = logging.getLogger("botocore.endpoint").makeRecord("botocore.endpoint", logging.DEBUG, __file__, 1,
-            "GET %s", (path,), None)  # fmt: skip
-    finally:
-        logging.setLogRecordFactory(factory)
+    logging.setLogRecordFactory(logging.LogRecord)  # (a user's, or none that masks)
+    url_secrets.mask_path_logs("a=1&page=2")
+    assert logging.getLogRecordFactory() is logging.LogRecord
+    url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
+    masking = logging.getLogRecordFactory()
+    url_secrets.mask_path_logs("a=1&token=S3CRab/cd")
+    url_secrets.mask_every_record()
+    assert logging.getLogRecordFactory() is masking is not logging.LogRecord
+    path = "memory://b/ds?a=1&token=S3CRab/cd/videos/f.mp4"
+    record = logging.getLogger("botocore.endpoint").makeRecord("botocore.endpoint", logging.DEBUG, __file__, 1,
+        "GET %s", (path,), None)  # fmt: skip
     assert record.getMessage() == "GET memory://b/ds?a=1&token=***/videos/f.mp4"
