@@ -176,9 +176,9 @@ def test_timestamps_against_the_decoders_order_raise(marker_video: MarkerVideo, 
 
 
 def test_frames_of_another_size_than_the_stream_raise(marker_video: MarkerVideo, tmp_path: Path) -> None:
-    """AV1's sequence header (the first packet's first OBU) with its frame-size bytes zeroed: dav1d decodes the first
-    GOP as 1x1 frames and flags nothing. They would be stacked with sound frames (ValueError from numpy in the
-    worker), or, resized in the worker, handed out as flat frames."""
+    """AV1's sequence header (the first packet's first OBU) with its frame size set to 1x1: dav1d decodes the keyframe
+    as a 1x1 frame (before FFmpeg 8.1.3, its whole GOP) and flags nothing. Such frames would be stacked with sound
+    ones (ValueError from numpy in the worker), or, resized in the worker, handed out as flat frames."""
     clean = marker_video("av1", 30)
     path = tmp_path / "header.mp4"
     shutil.copyfile(clean, path)

@@ -93,15 +93,36 @@ def gr00t_video(episode: int) -> Path:
 
 
 def damage_av1_frame_size(path: Path) -> None:
-    """Zero the frame-size bytes of the AV1 sequence header that opens ``path``'s first packet, in place: dav1d then
-    decodes that GOP as 1x1 frames and flags nothing (checked here, so a changed encoder fails this, not the test)."""
+    """Set the frame size in the AV1 sequence header that opens ``path``'s first packet to 1x1, in place, and
+    nothing else: dav1d then decodes that keyframe as a 1x1 frame and flags nothing (checked here, so a changed
+    encoder or decoder fails this, not the test). The frames predicted from it differ by FFmpeg: up to PyAV 18.1.0's
+    they came out 1x1 as well; 18.1.1's (FFmpeg 8.1.3) refuses their packets (InvalidDataError)."""
     raw = bytearray(path.read_bytes())
     start = int(build_packet_index(path).byte_offset[0])
-    assert raw[start] == 0x0A  # an OBU_SEQUENCE_HEADER with a size field
-    raw[start + 4 : start + 8] = bytes(4)
+    assert raw[start] == 0x0A and raw[start + 1] < 0x80  # an OBU_SEQUENCE_HEADER with a one-byte size field
+    bits = np.unpackbits(np.frombuffer(raw, np.uint8, count=raw[start + 1], offset=start + 2))
+    position = 0
+
+    def read(count: int) -> int:
+        nonlocal position
+        position += count
+        return int("".join(map(str, bits[position - count : position])), 2)
+
+    assert read(5) & 1 == 0 and read(1) == 0  # no reduced still-picture header, no timing info
+    display_delays = read(1)
+    for _ in range(read(5) + 1):  # the operating points
+        read(12)
+        read(1 + 5) if read(5) > 7 else None  # a tier bit above level 7
+        read(4) if display_delays and read(1) else None
+    width_bits, height_bits = read(4) + 1, read(4) + 1
+    bits[position : position + width_bits + height_bits] = 0  # max_frame_{width,height}_minus_1
+    raw[start + 2 : start + 2 + raw[start + 1]] = np.packbits(bits).tobytes()
     path.write_bytes(bytes(raw))
     with av.open(str(path)) as container:
-        assert (1, 1) in {(frame.width, frame.height) for frame in container.decode(video=0)}
+        stream = container.streams.video[0]
+        keyframe = next(container.demux(stream))
+        frames = [*keyframe.decode(), *stream.codec_context.decode(None)]
+    assert [(frame.width, frame.height, frame.is_corrupt) for frame in frames] == [(1, 1, False)]
 
 
 def r1_video() -> Path:
