@@ -1208,15 +1208,27 @@ def _memory_owner(array: np.ndarray) -> object:
     return owner
 
 
+def _rgb_rows_padded(path: Path, size: tuple[int, int] | None) -> bool:
+    """Whether swscale pads the rows of ``path``'s first frame converted to RGB at ``size`` (height, width). FFmpeg
+    chooses: 8.1.3's (PyAV 18.1.1) rounds a row up to a whole number of 64 pixels, so a 96-pixel row's 288 bytes
+    take 384; PyAV 18.1.0's did not pad a 96-pixel row."""
+    with av.open(str(path)) as container:
+        frame = next(container.decode(video=0))
+    height, width = size or (frame.height, frame.width)
+    return frame.reformat(width=width, height=height, format="rgb24").planes[0].line_size != width * 3
+
+
 def test_a_one_frame_request_hands_over_its_frame_without_a_copy(marker_video: MarkerVideo) -> None:
     """A single-frame camera's request is one frame: its converted array goes out as it is (no stacking copy; the
     worker's copy into shared memory is the only one), contiguous as DALI's shared memory takes it. Rows that
     swscale pads (an odd width) are made contiguous; repeats and longer requests are stacked as before."""
-    path = marker_video("h264", 4)
+    path = marker_video("h264", 4, width=128)  # two whole 64-pixel steps a row: swscale pads none (below)
     index = build_packet_index(path)
     decoder = CpuFrameDecoder(options=CpuDecodeOptions(backend=CpuDecoderBackend.PYAV))
     reference = reference_frames(path)
-    for size in (None, (37, 101)):
+    sizes = (None, (37, 101))
+    assert [_rgb_rows_padded(path, size) for size in sizes] == [False, True]  # both cases below are met
+    for size in sizes:
         one = decoder.decode(path, index, [7], size=size)
         assert one.shape == (1, *(size or (index.height, index.width)), 3)
         assert one.flags.c_contiguous
