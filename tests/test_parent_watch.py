@@ -698,6 +698,22 @@ def test_a_take_from_dalis_queue_leaves_no_cycle_that_outlives_its_close() -> No
             gc.enable()
 
 
+def _exit_status(pid: int, *, within_s: float) -> int | None:
+    """The forked child's exit status; None where it has not ended within ``within_s``: it is then sent SIGABRT, on
+    which faulthandler (pytest's, inherited) prints where each of its threads was. Once, in a full run on a loaded
+    machine, such a child never ended: ``waitpid`` held the forking thread, the test's ``join`` of it held the run,
+    and the run's 12-minute faulthandler timeout ended it without the child's stack."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        ended, status = os.waitpid(pid, os.WNOHANG)
+        if ended:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGABRT)
+    os.waitpid(pid, 0)
+    return None
+
+
 def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_handlers_the_take_held() -> None:
     """Another thread forks as the main thread waits in a take from DALI's queue (a trainer's thread starting a
     process while the loop waits for its batch): the child kept the take's hold as its SIGINT handler, its own Ctrl-C
@@ -730,8 +746,8 @@ def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_han
                     os.write(write, child_says().encode())
                 finally:
                     os._exit(0)
-            os.waitpid(pid, 0)
-            said.append(os.read(read, 1000).decode())
+            if _exit_status(pid, within_s=60) == 0:
+                said.append(os.read(read, 1000).decode())
         finally:
             queue.put([ShmMessageDesc(0, 4, 0, 0, 0)])
 
