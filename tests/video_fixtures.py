@@ -110,10 +110,12 @@ def damage_av1_frame_size(path: Path) -> None:
 
     assert read(5) & 1 == 0 and read(1) == 0  # no reduced still-picture header, no timing info
     display_delays = read(1)
-    for _ in range(read(5) + 1):  # the operating points
+    for _ in range(read(5) + 1):  # the operating points: each one's idc, level, tier, display delay
         read(12)
-        read(1 + 5) if read(5) > 7 else None  # a tier bit above level 7
-        read(4) if display_delays and read(1) else None
+        if read(5) > 7:
+            read(1)
+        if display_delays and read(1):
+            read(4)
     width_bits, height_bits = read(4) + 1, read(4) + 1
     bits[position : position + width_bits + height_bits] = 0  # max_frame_{width,height}_minus_1
     raw[start + 2 : start + 2 + raw[start + 1]] = np.packbits(bits).tobytes()
