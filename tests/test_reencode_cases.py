@@ -19,6 +19,7 @@ from lerobot_dali import reencode
 from lerobot_dali.errors import DatasetError, VideoDecodeError
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.reencode import _check_same_frames, _finished_copy, reencode_dataset
+from tests.test_reencode import _files
 
 CAM = "observation.images.cam0"
 FIRST, SECOND = (f"videos/{CAM}/chunk-000/file-00{i}.mp4" for i in range(2))
@@ -28,10 +29,6 @@ FIRST, SECOND = (f"videos/{CAM}/chunk-000/file-00{i}.mp4" for i in range(2))
 def tiny(make_ds) -> Path:
     """v3.0, one AV1 camera, two video files (5 and 4 frames): the smallest dataset with two files to encode."""
     return make_ds(episodes=2, frames_per_episode=[5, 4], cameras=1, size=(64, 64), codec="av1", episodes_per_file=1)
-
-
-def _files(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize(
@@ -70,7 +67,7 @@ def test_the_workers_and_their_threads_follow_the_cpus_and_jobs(
         caplog.text
     )
     assert (report.videos, report.copied_files) == ((), others)
-    assert _files(tmp_path / "out") == [f for f in _files(tiny) if f not in (FIRST, SECOND)]
+    assert list(_files(tmp_path / "out")) == [f for f in _files(tiny) if f not in (FIRST, SECOND)]
 
 
 def test_info_json_is_rewritten_as_json_indented_by_4_only_where_a_codec_changed(

@@ -26,7 +26,7 @@ from lerobot_dali.frame_marker import draw_marker, read_full_marker
 from lerobot_dali.generate import encode_video
 from lerobot_dali.packet_index import build_packet_index
 from lerobot_dali.video_encoding import CODECS
-from tests.video_fixtures import reference_frames
+from tests.video_fixtures import reference_frames, remux
 
 FPS = 15
 FRAMES = 8
@@ -160,12 +160,7 @@ def test_frames_without_a_timestamp_are_refused(tmp_path: Path) -> None:
     handed to the encoder."""
     mp4, raw = tmp_path / "h264.mp4", tmp_path / "h264.h264"
     encode_video(mp4, [draw_marker(0, f, 64, 96) for f in range(4)], fps=FPS, codec="h264", gop=2)
-    with av.open(str(mp4)) as src, av.open(str(raw), "w", format="h264") as dst:
-        stream = dst.add_stream_from_template(src.streams.video[0], opaque=True)
-        for packet in src.demux(video=0):
-            if packet.size:
-                packet.stream = stream
-                dst.mux(packet)
+    remux(mp4, raw, "h264")
     index = build_packet_index(mp4)
     with av.open(str(raw)) as container, pytest.raises(VideoDecodeError) as refused:
         reencode._encode(container, _job(mp4, tmp_path / "copy.mp4"), tmp_path / "copy.mp4", index)
