@@ -158,7 +158,7 @@ def without_credentials(target: str) -> str:
     parts = urlsplit(target)
     if "@" in parts.netloc:
         target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    if not parts.query:
+    if "?" not in target:  # (not ``parts.query``: a '?' after a '#' starts the query a filesystem's paths keep)
         return target
     before, _, after = target.partition("?")  # (spelled as typed: urlunsplit drops the '//' of 'scheme://?a=b')
     segments = after.split("&")  # (a '#' in a credential's value is its own: fsspec's memory filesystem keeps it)
