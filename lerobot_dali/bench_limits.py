@@ -45,7 +45,7 @@ from .clips import build_clip
 from .dataset_reader import open_dataset
 from .distributed import usable_cpus
 from .packet_index_cache import load_packet_index
-from .yuv_frames import frame_planes
+from .yuv_frames import frame_planes, reformat_array
 
 __all__ = [
     "Ceiling",
@@ -141,7 +141,8 @@ def _decode_run_pyav(run: DecodeRun, *, planes: bool = False) -> int:
                 if t >= run.stop_s - 1e-6:
                     break
                 if t >= run.start_s - 1e-6:
-                    frame_planes(frame) if planes else frame.to_ndarray(format="rgb24")
+                    # (not ``to_ndarray(format=...)``: PyAV 18.1.1 runs that on a swscale pool of the cores + 1)
+                    frame_planes(frame) if planes else reformat_array(frame, format="rgb24")
                     delivered += 1
     return delivered
 

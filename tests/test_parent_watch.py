@@ -720,8 +720,9 @@ def test_a_child_forked_while_the_main_thread_takes_from_dalis_queue_has_the_han
     held over a take it never makes (run 2 s late, sent again past ``HELD_PUT_S``). It now starts with the handler the
     take held over: its Ctrl-C raises at once.
 
-    Run in a fresh interpreter: in pytest's own, after some 3,500 tests, the child hung inside ``os.fork`` itself, in
-    no Python frame (faulthandler's stack; 2 full runs of 2 on 2026-12-07, none of 25 runs of this test alone)."""
+    Run in a fresh interpreter: in pytest's own, whose main thread had converted frames with PyAV's ``to_ndarray``,
+    the child hung inside ``os.fork`` itself, freeing that thread's PyAV 18.1.1 swscale context and its thread pool
+    (:mod:`tests.test_fork_reformatters`; 3 full runs of 3 on 2026-12-07/08, none of 25 runs of this test alone)."""
     done = _run("from tests.test_parent_watch import forked_while_taking; print(forked_while_taking())")
     assert (done.returncode, done.stdout) == (0, "default_int_handler raised\n"), done.stderr
 
